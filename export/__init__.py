@@ -1,0 +1,1 @@
+"""Format code the stages call: Core ML, ONNX, the Core ML reference evaluator, parity metrics, preprocessing models."""

@@ -1,0 +1,107 @@
+"""The run directory: the only state shared between stages. Every write here is atomic (temp file + rename),
+so an interrupted stage never leaves a half-written file where a finished one was."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from pipeline.errors import PipelineError
+
+DEFAULT_RUN = Path("runs/default")  # what `make all` writes, and what a command without --run reads
+
+CONFIG = "config.yaml"
+SPLIT = "split.json"
+METRICS = "metrics.jsonl"
+SKIPPED = "skipped.txt"
+CHECKPOINTS = "checkpoints"
+LAST_CHECKPOINT = "checkpoints/last.pt"
+EVAL = "eval"
+EXPORT = "export"
+VALIDATE = "validate"
+
+
+@contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """Yield a temp path beside `path`; rename it over `path` only if the block finished without error."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text_atomic(path: Path | str, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json_atomic(path: Path | str, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_yaml_atomic(path: Path | str, obj: Any) -> None:
+    write_text_atomic(path, yaml.safe_dump(obj, sort_keys=False))
+
+
+def torch_save_atomic(obj: Any, path: Path | str) -> None:
+    import torch
+
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def append_jsonl(path: Path | str, obj: Any) -> None:
+    """One line per call; a crash mid-run loses at most the line being written, never earlier ones."""
+    with open(path, "a") as f:
+        f.write(json.dumps(obj) + "\n")
+        f.flush()
+
+
+def resolve_run(run: str | Path | None, *, must_exist: bool = True, say=print) -> Path:
+    """The run a command works on: --run if given, else the one `make all` made. Says which, so the user knows."""
+    path = Path(run) if run else DEFAULT_RUN
+    if must_exist and not path.is_dir():
+        hint = " (run `make all` or `pipeline pretrain` first)" if run is None else ""
+        raise PipelineError(f"run directory {path} does not exist{hint}")
+    if run is None:
+        say(f"using run {path}")
+    return path
+
+
+def load_json(path: Path | str, what: str) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"{what} not found: {path}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise PipelineError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def load_checkpoint(path: Path | str, map_location: str = "cpu") -> dict:
+    """Load a checkpoint written by pretrain; a missing, truncated or foreign file is a one-line error."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"no checkpoint at {path}: run `pipeline pretrain` for this run first")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as e:  # torch raises several types for truncated zips / pickles
+        raise PipelineError(f"checkpoint {path} is unreadable or truncated ({type(e).__name__}): re-run pretraining") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+        raise PipelineError(f"{path} is not a checkpoint written by `pipeline pretrain`")
+    return ckpt

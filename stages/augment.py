@@ -1,0 +1,188 @@
+"""Two-view SSL augmentation with per-sample random parameters, on the CPU.
+
+Parameters are drawn first (`sample_params`, one row per image) and applied second (`apply_view`), so any other
+applier (the device path) can reuse the exact same draws and be checked against this one pixel for pixel. The
+draws for an image depend only on (seed, epoch, index): results do not depend on worker count, and a resumed run
+sees the same views as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torchvision.transforms.v2.functional as TF
+
+# ImageNet statistics: what every torchvision ResNet recipe normalises with; stored in checkpoints and exports.
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class ViewRecipe:
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip_p: float = 0.5
+    jitter_p: float = 0.8
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.2
+    hue: float = 0.1
+    gray_p: float = 0.2
+    blur_p: float = 0.0
+    blur_sigma: tuple[float, float] = (0.1, 2.0)
+    solarize_p: float = 0.0
+
+
+# SimCLR (Chen et al. 2020, App. A): colour-jitter strength 1.0 -> (0.8, 0.8, 0.8, 0.2), blur on half the views.
+_SIMCLR = ViewRecipe(brightness=0.8, contrast=0.8, saturation=0.8, hue=0.2, blur_p=0.5)
+# BYOL (Grill et al. 2020, Table 6), also used by MoCo v3: asymmetric views; blur always on view 1, solarize on view 2.
+_BYOL_1 = ViewRecipe(blur_p=1.0, solarize_p=0.0)
+_BYOL_2 = ViewRecipe(blur_p=0.1, solarize_p=0.2)
+RECIPES: dict[str, tuple[ViewRecipe, ViewRecipe]] = {
+    "simclr": (_SIMCLR, _SIMCLR),
+    "byol": (_BYOL_1, _BYOL_2),
+    "mocov3": (_BYOL_1, _BYOL_2),
+}
+
+
+def recipes_for(method: str, image_size: int) -> tuple[ViewRecipe, ViewRecipe]:
+    """Each paper's views; blur is dropped at <= 64 px, as SimCLR's CIFAR setup does (it erases small images)."""
+    v1, v2 = RECIPES[method]
+    if image_size <= 64:
+        v1, v2 = (ViewRecipe(**{**v.__dict__, "blur_p": 0.0}) for v in (v1, v2))
+    return v1, v2
+
+
+def blur_kernel_size(image_size: int) -> int:
+    """10% of the image side, odd (SimCLR's choice: 23 px at 224)."""
+    k = int(0.1 * image_size)
+    return max(3, k + 1 - k % 2)
+
+
+def sample_params(n: int, recipe: ViewRecipe, src_size: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """Per-image random parameters for one view of n square images of side src_size."""
+
+    def u(lo, hi, shape=(n,)):
+        return lo + (hi - lo) * torch.rand(shape, generator=g, dtype=torch.float64)
+
+    # RandomResizedCrop: ten tries of (area, aspect) per image, the first that fits wins, else the whole image.
+    area = src_size * src_size
+    tries = 10
+    scale = u(*recipe.crop_scale, shape=(n, tries))
+    log_r = u(math.log(recipe.crop_ratio[0]), math.log(recipe.crop_ratio[1]), shape=(n, tries))
+    ratio = torch.exp(log_r)
+    w = torch.round(torch.sqrt(area * scale * ratio))
+    h = torch.round(torch.sqrt(area * scale / ratio))
+    fits = (w > 0) & (h > 0) & (w <= src_size) & (h <= src_size)
+    first = torch.where(fits.any(1), fits.float().argmax(1), torch.full((n,), -1))
+    idx = first.clamp(min=0)
+    w = torch.where(first >= 0, w.gather(1, idx[:, None])[:, 0], torch.full((n,), float(src_size)))
+    h = torch.where(first >= 0, h.gather(1, idx[:, None])[:, 0], torch.full((n,), float(src_size)))
+    top = torch.floor(torch.rand(n, generator=g, dtype=torch.float64) * (src_size - h + 1))
+    left = torch.floor(torch.rand(n, generator=g, dtype=torch.float64) * (src_size - w + 1))
+    return {
+        "crop": torch.stack([top, left, h, w], 1).long(),
+        "flip": torch.rand(n, generator=g) < recipe.flip_p,
+        "jitter": torch.rand(n, generator=g) < recipe.jitter_p,
+        "brightness": u(1 - recipe.brightness, 1 + recipe.brightness).float(),
+        "contrast": u(1 - recipe.contrast, 1 + recipe.contrast).float(),
+        "saturation": u(1 - recipe.saturation, 1 + recipe.saturation).float(),
+        "hue": u(-recipe.hue, recipe.hue).float(),
+        "jitter_order": torch.stack([torch.randperm(4, generator=g) for _ in range(n)]) if n else torch.empty(0, 4, dtype=torch.long),
+        "gray": torch.rand(n, generator=g) < recipe.gray_p,
+        "blur": torch.rand(n, generator=g) < recipe.blur_p,
+        "sigma": u(*recipe.blur_sigma).float(),
+        "solarize": torch.rand(n, generator=g) < recipe.solarize_p,
+    }
+
+
+def apply_view(img: torch.Tensor, p: dict[str, torch.Tensor], i: int, out_size: int) -> torch.Tensor:
+    """Apply row i of `p` to one uint8 3xSxS image; returns float 3 x out x out in [0, 1] (not normalised)."""
+    top, left, h, w = (int(v) for v in p["crop"][i])
+    x = TF.resized_crop(img.float() / 255.0, top, left, h, w, [out_size, out_size], antialias=True).clamp_(0, 1)
+    if p["flip"][i]:
+        x = TF.horizontal_flip(x)
+    if p["jitter"][i]:
+        for op in p["jitter_order"][i].tolist():
+            if op == 0:
+                x = TF.adjust_brightness(x, float(p["brightness"][i]))
+            elif op == 1:
+                x = TF.adjust_contrast(x, float(p["contrast"][i]))
+            elif op == 2:
+                x = TF.adjust_saturation(x, float(p["saturation"][i]))
+            else:
+                x = TF.adjust_hue(x, float(p["hue"][i]))
+    if p["gray"][i]:
+        x = TF.rgb_to_grayscale(x, num_output_channels=3)
+    if p["blur"][i]:
+        s = float(p["sigma"][i])
+        x = TF.gaussian_blur(x, [blur_kernel_size(out_size)] * 2, [s, s])
+    if p["solarize"][i]:
+        x = TF.solarize(x, threshold=0.5)
+    return x
+
+
+def view_seed(seed: int, epoch: int, index: int) -> int:
+    """A distinct, reproducible stream per (run seed, epoch, image)."""
+    return (seed * 1_000_003 + epoch) * 10_000_019 + index
+
+
+class TwoViewDataset(torch.utils.data.Dataset):
+    """Item i -> two uint8 views of image indices[i] (uint8 keeps the host->device copy 4x smaller)."""
+
+    def __init__(self, images: torch.Tensor, recipes: tuple[ViewRecipe, ViewRecipe], out_size: int, seed: int, epoch: int):
+        self.images, self.recipes, self.out_size, self.seed, self.epoch = images, recipes, out_size, seed, epoch
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, index: int):
+        g = torch.Generator().manual_seed(view_seed(self.seed, self.epoch, index))
+        img = self.images[index]
+        views = []
+        for recipe in self.recipes:
+            p = sample_params(1, recipe, img.shape[-1], g)
+            views.append((apply_view(img, p, 0, self.out_size) * 255).round_().to(torch.uint8))
+        return views[0], views[1]
+
+
+def normalize(x_uint8_or_float: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """uint8 (0..255) or float (0..1) NCHW -> normalised float32 on `device`."""
+    x = x_uint8_or_float.to(device, non_blocking=True)
+    x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def center_views(images: torch.Tensor, out_size: int) -> torch.Tensor:
+    """Evaluation view: center crop of out_size from the stored square (resize when the store is smaller)."""
+    if images.shape[-1] < out_size:
+        return TF.resize(images, [out_size, out_size], antialias=True)
+    return TF.center_crop(images, [out_size, out_size])
+
+
+def epoch_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """The epoch's shuffled batches (last partial batch dropped: contrastive losses want full batches)."""
+    g = torch.Generator().manual_seed(seed * 7919 + epoch)
+    order = torch.randperm(n, generator=g).tolist()
+    return [order[i : i + batch_size] for i in range(0, n - batch_size + 1, batch_size)]
+
+
+def cpu_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
+                     start_batch: int, device: torch.device, num_workers: int):
+    """Yield (x1, x2) normalised float batches on `device` for one epoch, from batch `start_batch` on.
+    Per-sample augmentation runs in DataLoader workers; this is the reference path and the CPU fallback."""
+    batches = epoch_batches(images.shape[0], batch_size, seed, epoch)[start_batch:]
+    if not batches:
+        return
+    ds = TwoViewDataset(images, recipes, out_size, seed, epoch)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_sampler=batches, num_workers=num_workers,
+        pin_memory=device.type == "cuda",  # pinned memory is a CUDA concept; elsewhere it only costs
+        prefetch_factor=4 if num_workers > 0 else None,
+    )
+    for v1, v2 in loader:
+        yield normalize(v1, device), normalize(v2, device)

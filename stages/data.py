@@ -1,0 +1,279 @@
+"""Datasets by SPEC, decoded once into one uint8 tensor.
+
+SPECs: `digits` (scikit-learn's bundled digits, the no-download default), `folder:PATH` (class subfolders, or a
+flat folder for label-free pretraining), `cifar10:PATH` / `cifar100:PATH` (the python-pickle batches as
+distributed), `synthetic:N` (generated, labelled, for tests).
+
+Every image is decoded once, converted to RGB correctly (EXIF rotation, alpha, CMYK, 16-bit) and stored square at
+`store_size`; augmentation and evaluation crop from that tensor. This keeps epochs free of JPEG decoding and lets
+the whole set live on the training device. A file that cannot be decoded is skipped and listed, never fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+from pipeline.errors import PipelineError
+
+SPEC_KINDS = ("digits", "folder", "cifar10", "cifar100", "synthetic")
+
+
+@dataclass
+class ImageData:
+    images: torch.Tensor  # uint8, N x 3 x S x S
+    labels: torch.Tensor | None  # int64 N, None for an unlabelled folder
+    classes: list[str]
+    sources: list[str]  # one id per image: a file path, or "<spec>#<index>"
+    spec: str
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, reason)
+    fixed_val: np.ndarray | None = None  # bool mask of the dataset's own test set (CIFAR), else None
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    kind, _, arg = spec.partition(":")
+    if kind not in SPEC_KINDS:
+        raise PipelineError(f"unknown data SPEC {spec!r}: use digits, folder:PATH, cifar10:PATH, cifar100:PATH or synthetic:N")
+    if kind == "digits" and arg:
+        raise PipelineError(f"data SPEC `digits` takes no argument, got {spec!r}")
+    if kind != "digits" and not arg:
+        raise PipelineError(f"data SPEC {spec!r} needs an argument, e.g. {kind}:{'N' if kind == 'synthetic' else 'PATH'}")
+    return kind, arg
+
+
+def load_data(spec: str, store_size: int, seed: int = 0) -> ImageData:
+    """Load a SPEC at `store_size` pixels square. Raises PipelineError for anything a user can get wrong."""
+    kind, arg = parse_spec(spec)
+    if kind == "digits":
+        data = _load_digits(store_size)
+    elif kind == "synthetic":
+        try:
+            n = int(arg)
+        except ValueError:
+            raise PipelineError(f"synthetic:N needs an integer N, got {arg!r}") from None
+        if n <= 0:
+            raise PipelineError(f"synthetic:N needs N > 0, got {n}")
+        data = make_synthetic(n, store_size, seed)
+    elif kind in ("cifar10", "cifar100"):
+        data = _load_cifar(kind, Path(arg), store_size)
+    else:
+        data = _load_folder(Path(arg), store_size)
+    data.spec = spec
+    if len(data) == 0:
+        raise PipelineError(f"dataset {spec!r} has no usable images" + (f" ({len(data.skipped)} files skipped)" if data.skipped else ""))
+    return data
+
+
+def _resize_square(arr: np.ndarray, size: int) -> torch.Tensor:
+    """N x H x W x 3 uint8 -> N x 3 x size x size uint8, antialiased, only when the size differs."""
+    t = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2)
+    if t.shape[-1] == size and t.shape[-2] == size:
+        return t.contiguous()
+    out = torch.nn.functional.interpolate(t.float(), size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _load_digits(store_size: int) -> ImageData:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    gray = (d.images * (255.0 / 16.0)).round().astype(np.uint8)  # values are 0..16
+    rgb = np.repeat(gray[..., None], 3, axis=-1)
+    n = len(gray)
+    return ImageData(
+        images=_resize_square(rgb, store_size),
+        labels=torch.as_tensor(d.target, dtype=torch.int64),
+        classes=[str(c) for c in range(10)],
+        sources=[f"digits#{i}" for i in range(n)],
+        spec="digits",
+    )
+
+
+def make_synthetic(n: int, size: int, seed: int = 0) -> ImageData:
+    """Four classes of textures (horizontal/vertical stripes, checkerboard, disc) with random colours, phase,
+    frequency and noise: learnable, but not by colour alone."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    labels = np.arange(n) % 4
+    rng.shuffle(labels)
+    imgs = np.empty((n, size, size, 3), dtype=np.uint8)
+    for i, c in enumerate(labels):
+        freq = rng.uniform(2, 5)
+        phase = rng.uniform(0, 1)
+        if c == 0:
+            m = np.sin(2 * np.pi * (yy * freq + phase)) > 0
+        elif c == 1:
+            m = np.sin(2 * np.pi * (xx * freq + phase)) > 0
+        elif c == 2:
+            m = (np.sin(2 * np.pi * (xx * freq + phase)) > 0) ^ (np.sin(2 * np.pi * (yy * freq + phase)) > 0)
+        else:
+            cx, cy, r = rng.uniform(0.3, 0.7), rng.uniform(0.3, 0.7), rng.uniform(0.15, 0.35)
+            m = (xx - cx) ** 2 + (yy - cy) ** 2 < r * r
+        fg, bg = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
+        img = np.where(m[..., None], fg, bg) + rng.normal(0, 12, (size, size, 3))
+        imgs[i] = np.clip(img, 0, 255).astype(np.uint8)
+    return ImageData(
+        images=torch.from_numpy(imgs).permute(0, 3, 1, 2).contiguous(),
+        labels=torch.as_tensor(labels, dtype=torch.int64),
+        classes=["hstripes", "vstripes", "checker", "disc"],
+        sources=[f"synthetic#{i}" for i in range(n)],
+        spec=f"synthetic:{n}",
+    )
+
+
+def _unpickle(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f, encoding="bytes")
+    except Exception as e:
+        raise PipelineError(f"{path} is not a CIFAR python batch ({type(e).__name__})") from None
+
+
+def _load_cifar(kind: str, root: Path, store_size: int) -> ImageData:
+    if not root.exists():
+        raise PipelineError(f"{kind} path does not exist: {root}")
+    inner = "cifar-10-batches-py" if kind == "cifar10" else "cifar-100-python"
+    if (root / inner).is_dir():
+        root = root / inner
+    if kind == "cifar10":
+        train_files, test_files, meta_file, label_key, names_key = (
+            [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "batches.meta", b"labels", b"label_names")
+    else:
+        train_files, test_files, meta_file, label_key, names_key = (["train"], ["test"], "meta", b"fine_labels", b"fine_label_names")
+    missing = [f for f in train_files + test_files + [meta_file] if not (root / f).is_file()]
+    if missing:
+        raise PipelineError(f"{root} is not a {kind} python-pickle folder: missing {', '.join(missing)}")
+    parts, labels, is_val = [], [], []
+    for names, val in ((train_files, False), (test_files, True)):
+        for name in names:
+            batch = _unpickle(root / name)
+            x = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+            parts.append(x)
+            labels.extend(batch[label_key])
+            is_val.extend([val] * len(x))
+    classes = [c.decode() for c in _unpickle(root / meta_file)[names_key]]
+    arr = np.concatenate(parts)
+    return ImageData(
+        images=_resize_square(arr, store_size),
+        labels=torch.as_tensor(labels, dtype=torch.int64),
+        classes=classes,
+        sources=[f"{kind}#{i}" for i in range(len(arr))],
+        spec=kind,
+        fixed_val=np.asarray(is_val, dtype=bool),
+    )
+
+
+def decode_image(path: Path, size: int) -> np.ndarray:
+    """Decode any PIL-readable file to size x size x 3 uint8 RGB: EXIF orientation applied, alpha composited on
+    white, CMYK/palette/16-bit converted by value (not truncated), then resized (shorter side) and center-cropped."""
+    with Image.open(path) as im:
+        im.load()  # forces the full decode: truncated files fail here, not later in training
+        im = ImageOps.exif_transpose(im)
+        if im.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+            a = np.asarray(im, dtype=np.float64)
+            scale = 257.0 if (im.mode.startswith("I;16") or a.max() > 255) else 1.0
+            im = Image.fromarray(np.clip(np.round(a / scale), 0, 255).astype(np.uint8), "L")
+        if im.mode in ("P", "PA", "LA", "La", "RGBa") or (im.mode == "P" and "transparency" in im.info):
+            im = im.convert("RGBA")
+        if im.mode == "RGBA":
+            white = Image.new("RGBA", im.size, (255, 255, 255, 255))
+            im = Image.alpha_composite(white, im)
+        im = im.convert("RGB")
+        im = ImageOps.fit(im, (size, size), Image.Resampling.BICUBIC)
+        return np.asarray(im, dtype=np.uint8)
+
+
+def _try_decode(path: Path, size: int):
+    try:
+        return decode_image(path, size), None
+    except Exception as e:  # PIL raises many types for non-images and truncated files
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return None, f"{type(e).__name__}: {msg}"
+
+
+def _list_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def _load_folder(root: Path, store_size: int) -> ImageData:
+    if not root.exists():
+        raise PipelineError(f"folder does not exist: {root}")
+    if not root.is_dir():
+        raise PipelineError(f"folder:PATH must be a directory, got file {root}")
+    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    skipped: list[tuple[str, str]] = []
+    if class_dirs:
+        classes = [d.name for d in class_dirs]
+        files, labels = [], []
+        for ci, d in enumerate(class_dirs):
+            for f in sorted(p for p in d.rglob("*") if p.is_file() and not p.name.startswith(".")):
+                files.append(f)
+                labels.append(ci)
+        for f in _list_files(root):
+            skipped.append((str(f), "not inside a class folder"))
+    else:
+        classes, files, labels = [], _list_files(root), None
+    workers = min(16, (os.cpu_count() or 1) * 2)  # PIL releases the GIL while decoding
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(lambda f: _try_decode(f, store_size), files))
+    keep_imgs, keep_labels, sources = [], [], []
+    for i, (f, (arr, err)) in enumerate(zip(files, results)):
+        if err is not None:
+            skipped.append((str(f), err))
+            continue
+        keep_imgs.append(arr)
+        sources.append(str(f))
+        if labels is not None:
+            keep_labels.append(labels[i])
+    images = (torch.from_numpy(np.stack(keep_imgs)).permute(0, 3, 1, 2).contiguous() if keep_imgs
+              else torch.empty(0, 3, store_size, store_size, dtype=torch.uint8))
+    return ImageData(
+        images=images,
+        labels=torch.as_tensor(keep_labels, dtype=torch.int64) if labels is not None else None,
+        classes=classes,
+        sources=sources,
+        spec=f"folder:{root}",
+        skipped=skipped,
+    )
+
+
+def make_split(data: ImageData, val_fraction: float, seed: int) -> dict:
+    """Deterministic train/val indices. CIFAR keeps its own test set as val; labelled sets are split per class
+    so every class is in both halves; an unlabelled folder is split at random."""
+    n = len(data)
+    if data.fixed_val is not None:
+        val = np.flatnonzero(data.fixed_val)
+        train = np.flatnonzero(~data.fixed_val)
+    else:
+        if not 0.0 <= val_fraction < 1.0:
+            raise PipelineError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        rng = np.random.default_rng(seed)
+        groups = [np.arange(n)] if data.labels is None else [np.flatnonzero(data.labels.numpy() == c) for c in np.unique(data.labels.numpy())]
+        val_parts, train_parts = [], []
+        for g in groups:
+            g = rng.permutation(g)
+            k = int(round(len(g) * val_fraction))
+            val_parts.append(g[:k])
+            train_parts.append(g[k:])
+        val = np.sort(np.concatenate(val_parts))
+        train = np.sort(np.concatenate(train_parts))
+    return {
+        "spec": data.spec,
+        "seed": seed,
+        "val_fraction": val_fraction,
+        "num_images": n,
+        "train": train.tolist(),
+        "val": val.tolist(),
+        "train_sources": [data.sources[i] for i in train],
+        "val_sources": [data.sources[i] for i in val],
+    }

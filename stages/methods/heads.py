@@ -1,0 +1,45 @@
+"""MLP heads shared by the methods (projector / predictor)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+def mlp(in_dim: int, hidden_dim: int, out_dim: int, layers: int = 2, last_bn: bool = False) -> nn.Sequential:
+    """Linear-BN-ReLU blocks then a final Linear (optionally BN without affine, as MoCo v3's projector)."""
+    mods: list[nn.Module] = []
+    dim = in_dim
+    for _ in range(layers - 1):
+        mods += [nn.Linear(dim, hidden_dim, bias=False), nn.BatchNorm1d(hidden_dim), nn.ReLU(inplace=True)]
+        dim = hidden_dim
+    mods.append(nn.Linear(dim, out_dim, bias=not last_bn))
+    if last_bn:
+        mods.append(nn.BatchNorm1d(out_dim, affine=False))
+    return nn.Sequential(*mods)
+
+
+def frozen_copy(module: nn.Module) -> nn.Module:
+    """A momentum (target) network: same weights, never trained by gradients."""
+    target = copy.deepcopy(module)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return target
+
+
+@torch.no_grad()
+def ema_update(target: nn.Module, online: nn.Module, momentum: float) -> None:
+    """target <- m * target + (1 - m) * online, for parameters and float buffers (BN statistics copied as-is)."""
+    for t, o in zip(target.parameters(), online.parameters()):
+        t.lerp_(o.detach(), 1.0 - momentum)
+    for t, o in zip(target.buffers(), online.buffers()):
+        t.copy_(o)
+
+
+def cosine_momentum(base: float, progress: float) -> float:
+    """BYOL's schedule: base at the start, 1 at the end (progress in [0, 1])."""
+    import math
+
+    return 1.0 - (1.0 - base) * (math.cos(math.pi * progress) + 1.0) / 2.0

@@ -1,0 +1,90 @@
+"""MoCo v3 (Chen, Xie, He 2021): momentum encoder, projector + predictor, symmetric InfoNCE; optionally a ring
+buffer of past keys as extra negatives, for batches too small to hold enough negatives."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.methods.heads import cosine_momentum, ema_update, frozen_copy, mlp
+
+# The paper's ResNet defaults (and its main_moco.py): 3-layer projector and 2-layer predictor (4096 hidden,
+# 256 out, BN at the end), temperature 1.0, momentum 0.99 rising to 1 on a cosine, LARS lr 0.6 x batch/256,
+# weight decay 1e-6. queue 0: the paper uses in-batch negatives only; a queue helps batches of a few hundred.
+DEFAULTS = {"temperature": 1.0, "proj_dim": 256, "proj_hidden_dim": 4096, "pred_hidden_dim": 4096,
+            "momentum_base": 0.99, "optimizer": "lars", "lr": 0.6, "weight_decay": 1e-6, "queue_size": 0}
+
+
+def info_nce(q: torch.Tensor, k: torch.Tensor, temperature: float, queue: torch.Tensor | None = None) -> torch.Tensor:
+    """MoCo v3's contrastive loss: row i of q matches row i of k; other keys (and queued keys) are negatives.
+    Scaled by 2 * temperature as in the paper. fp32 with logsumexp (cross_entropy): no overflow."""
+    q = F.normalize(q.float(), dim=1)
+    k = F.normalize(k.float(), dim=1)
+    logits = q @ k.T
+    if queue is not None and queue.numel():
+        logits = torch.cat([logits, q @ queue.T], dim=1)
+    targets = torch.arange(q.shape[0], device=q.device)
+    return F.cross_entropy(logits / temperature, targets) * (2 * temperature)
+
+
+class KeyQueue(nn.Module):
+    """Preallocated ring buffer of normalised keys: `push` overwrites the oldest rows in place (no torch.cat
+    growth, constant memory); `keys` is the filled part."""
+
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self.register_buffer("buffer", torch.zeros(size, dim))
+        self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
+        self.register_buffer("filled", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def push(self, keys: torch.Tensor) -> None:
+        size = self.buffer.shape[0]
+        keys = F.normalize(keys.detach().float(), dim=1)[-size:]
+        idx = (self.ptr + torch.arange(keys.shape[0], device=keys.device)) % size
+        self.buffer.index_copy_(0, idx, keys)
+        self.ptr.copy_((self.ptr + keys.shape[0]) % size)
+        self.filled.copy_(torch.clamp(self.filled + keys.shape[0], max=size))
+
+    def keys(self) -> torch.Tensor:
+        return self.buffer[: int(self.filled)]
+
+
+class MoCoV3(nn.Module):
+    def __init__(self, backbone: nn.Module, feat_dim: int, cfg):
+        super().__init__()
+        self.backbone = backbone
+        self.projector = mlp(feat_dim, cfg.proj_hidden_dim, cfg.proj_dim, layers=3, last_bn=True)
+        self.predictor = mlp(cfg.proj_dim, cfg.pred_hidden_dim, cfg.proj_dim, layers=2, last_bn=True)
+        self.momentum_backbone = frozen_copy(backbone)
+        self.momentum_projector = frozen_copy(self.projector)
+        self.temperature = cfg.temperature
+        self.momentum_base = cfg.momentum_base
+        self.momentum = cfg.momentum_base
+        self.queue = KeyQueue(cfg.queue_size, cfg.proj_dim) if cfg.queue_size > 0 else None
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor, precision) -> torch.Tensor:
+        x = torch.cat([x1, x2])
+        with precision.backbone():
+            h = self.backbone(x)
+        with precision.heads():
+            h = h.float() if precision.head_dtype is None else h
+            q1, q2 = self.predictor(self.projector(h)).chunk(2)
+        with torch.no_grad():
+            with precision.backbone():
+                hk = self.momentum_backbone(x)
+            with precision.heads():
+                hk = hk.float() if precision.head_dtype is None else hk
+                k1, k2 = self.momentum_projector(hk).chunk(2)
+        queued = self.queue.keys().clone() if self.queue is not None else None
+        loss = info_nce(q1, k2, self.temperature, queued) + info_nce(q2, k1, self.temperature, queued)
+        if self.queue is not None and self.training:
+            self.queue.push(torch.cat([k1, k2]))
+        return loss
+
+    @torch.no_grad()
+    def after_step(self, progress: float) -> None:
+        self.momentum = cosine_momentum(self.momentum_base, progress)
+        ema_update(self.momentum_backbone, self.backbone, self.momentum)
+        ema_update(self.momentum_projector, self.projector, self.momentum)

@@ -1,0 +1,43 @@
+"""SimCLR (Chen et al. 2020): projection MLP and the NT-Xent loss."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.methods.heads import mlp
+
+# The paper's defaults (the config may override each): 2-layer projector to 128-d, temperature 0.5 for
+# CIFAR-size batches (0.1 is for the 4096-image ImageNet batch), LARS lr 0.3 x batch/256, weight decay 1e-6.
+DEFAULTS = {"temperature": 0.5, "proj_dim": 128, "proj_hidden_dim": 2048, "optimizer": "lars", "lr": 0.3, "weight_decay": 1e-6}
+
+
+def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """NT-Xent over 2N embeddings; each row's positive is its other view. Computed in fp32 with logsumexp
+    (cross_entropy) so large logits never overflow, even when the inputs came out of fp16/bf16."""
+    z = F.normalize(torch.cat([z1, z2]).float(), dim=1)
+    n = z1.shape[0]
+    logits = z @ z.T / temperature
+    logits.fill_diagonal_(float("-inf"))  # a view is not its own negative
+    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
+    return F.cross_entropy(logits, targets)
+
+
+class SimCLR(nn.Module):
+    def __init__(self, backbone: nn.Module, feat_dim: int, cfg):
+        super().__init__()
+        self.backbone = backbone
+        self.projector = mlp(feat_dim, cfg.proj_hidden_dim, cfg.proj_dim)
+        self.temperature = cfg.temperature
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor, precision) -> torch.Tensor:
+        with precision.backbone():
+            h = self.backbone(torch.cat([x1, x2]))
+        with precision.heads():
+            z = self.projector(h.float() if precision.head_dtype is None else h)
+        z1, z2 = z.chunk(2)
+        return nt_xent(z1, z2, self.temperature)
+
+    def after_step(self, progress: float) -> None:
+        pass

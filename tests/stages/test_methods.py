@@ -1,0 +1,111 @@
+"""Each loss against an obviously-correct loop; EMA, momentum schedule and the MoCo ring buffer."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stages.methods.byol import byol_loss
+from stages.methods.heads import cosine_momentum, ema_update, frozen_copy
+from stages.methods.mocov3 import KeyQueue, info_nce
+from stages.methods.simclr import nt_xent
+
+
+def naive_nt_xent(z1, z2, t):
+    z = torch.cat([z1, z2]).double()
+    z = z / z.norm(dim=1, keepdim=True)
+    n2 = z.shape[0]
+    n = n2 // 2
+    total = 0.0
+    for i in range(n2):
+        pos = (i + n) % n2
+        num = math.exp(float(z[i] @ z[pos]) / t)
+        den = sum(math.exp(float(z[i] @ z[k]) / t) for k in range(n2) if k != i)
+        total += -math.log(num / den)
+    return total / n2
+
+
+def naive_info_nce(q, k, t, queue=None):
+    q = q.double() / q.double().norm(dim=1, keepdim=True)
+    k = k.double() / k.double().norm(dim=1, keepdim=True)
+    negs = k if queue is None else torch.cat([k, queue.double()])
+    total = 0.0
+    for i in range(q.shape[0]):
+        logits = [float(q[i] @ negs[j]) / t for j in range(negs.shape[0])]
+        total += -(logits[i] - math.log(sum(math.exp(v) for v in logits)))
+    return total / q.shape[0] * 2 * t
+
+
+@pytest.mark.parametrize("n,d", [(2, 3), (5, 8), (16, 32)])
+@pytest.mark.parametrize("t", [0.07, 0.5, 1.0])
+def test_nt_xent_matches_loop(n, d, t):
+    g = torch.Generator().manual_seed(n * 100 + d)
+    z1, z2 = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    assert nt_xent(z1, z2, t).item() == pytest.approx(naive_nt_xent(z1, z2, t), rel=1e-5)
+
+
+def test_nt_xent_half_precision_inputs_do_not_overflow():
+    z = torch.randn(64, 16).half() * 1000
+    loss = nt_xent(z, z + 1, 0.01)
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("n,d,k", [(3, 4, 0), (8, 16, 5), (16, 8, 32)])
+@pytest.mark.parametrize("t", [0.2, 1.0])
+def test_info_nce_matches_loop(n, d, k, t):
+    g = torch.Generator().manual_seed(n + d + k)
+    q, key = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    queue = F.normalize(torch.randn(k, d, generator=g), dim=1) if k else None
+    assert info_nce(q, key, t, queue).item() == pytest.approx(naive_info_nce(q, key, t, queue), rel=1e-5)
+
+
+@pytest.mark.parametrize("n,d", [(1, 3), (7, 16)])
+def test_byol_loss_matches_loop(n, d):
+    g = torch.Generator().manual_seed(n)
+    p, z = torch.randn(n, d, generator=g), torch.randn(n, d, generator=g)
+    want = sum(float(((p[i] / p[i].norm() - z[i] / z[i].norm()) ** 2).sum()) for i in range(n)) / n
+    assert byol_loss(p, z).item() == pytest.approx(want, rel=1e-5)
+
+
+def test_ema_update_and_frozen_target():
+    online = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    target = frozen_copy(online)
+    assert all(not p.requires_grad for p in target.parameters())
+    before = [p.clone() for p in target.parameters()]
+    with torch.no_grad():
+        for p in online.parameters():
+            p.add_(1.0)
+    ema_update(target, online, 0.9)
+    for b, t, o in zip(before, target.parameters(), online.parameters()):
+        torch.testing.assert_close(t, 0.9 * b + 0.1 * o)
+
+
+def test_cosine_momentum_schedule():
+    assert cosine_momentum(0.99, 0.0) == pytest.approx(0.99)
+    assert cosine_momentum(0.99, 0.5) == pytest.approx(0.995)
+    assert cosine_momentum(0.99, 1.0) == pytest.approx(1.0)
+
+
+def test_key_queue_wraps_around_in_place():
+    q = KeyQueue(size=5, dim=2)
+    storage = q.buffer.data_ptr()
+    keys = [torch.tensor([[float(i + 1), 0.0]]) for i in range(3)]
+    q.push(torch.cat(keys[:2]))  # rows 0, 1
+    assert int(q.filled) == 2 and int(q.ptr) == 2
+    q.push(torch.tensor([[0.0, 1.0], [0.0, 2.0], [0.0, 3.0], [0.0, 4.0]]))  # rows 2, 3, 4, then wraps to 0
+    assert int(q.filled) == 5 and int(q.ptr) == 1
+    assert q.buffer.data_ptr() == storage  # no reallocation, no growth
+    torch.testing.assert_close(q.buffer[0], torch.tensor([0.0, 1.0]))  # overwritten by the 4th key of the push
+    torch.testing.assert_close(q.buffer[1], torch.tensor([1.0, 0.0]))  # the second key of the first push survives
+    torch.testing.assert_close(q.keys().norm(dim=1), torch.ones(5))  # stored normalised
+
+
+def test_key_queue_push_larger_than_size_keeps_newest():
+    q = KeyQueue(size=3, dim=2)
+    angles = torch.arange(7.0) * 0.3
+    keys = torch.stack([angles.cos(), angles.sin()], 1)
+    q.push(keys)
+    assert int(q.filled) == 3 and int(q.ptr) == 0
+    torch.testing.assert_close(q.buffer, keys[4:])

@@ -1,0 +1,123 @@
+"""Pretraining: pinned losses of a seeded tiny run, exact resume, atomic checkpoints, NaN stop."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import rundir
+from pipeline.config import load_config
+from pipeline.errors import PipelineError
+from stages import pretrain
+from stages.pretrain import PretrainConfig, config_for_run, resolve
+
+# First three logged losses of the tiny seeded CPU run for each method (conftest.tiny_overrides, 3 steps).
+# A change here is a behaviour change of the loss, the augmentation, the init or the data order: look before
+# updating. (lightly's MoCo loss once sat at a constant for three releases; pins make that visible.)
+PINNED = {
+    "simclr": [2.682814836502075, 2.763397455215454, 2.6517245769500732],
+    "byol": [3.5746331214904785, 3.586819648742676, 3.4654154777526855],
+    "mocov3": [8.368659973144531, 12.580099105834961, 13.019001007080078],  # rises as the queue fills with negatives
+}
+
+
+def _run(tmp_path, overrides, resume=False, name="run"):
+    out = tmp_path / name
+    cfg = config_for_run(None, overrides, out, resume)
+    pretrain.run(cfg, out, resume=resume, say=lambda *_: None)
+    return out
+
+
+def _losses(out):
+    return [json.loads(line)["loss"] for line in (out / rundir.METRICS).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("method", ["simclr", "byol", "mocov3"])
+def test_pinned_losses(tmp_path, tiny_overrides, method):
+    extra = {"queue_size": 16} if method == "mocov3" else {}
+    out = _run(tmp_path, {**tiny_overrides, "method": method, "max_steps": 3, **extra})
+    losses = _losses(out)
+    assert len(losses) == 3
+    assert losses == pytest.approx(PINNED[method], rel=1e-4), losses
+
+
+@pytest.mark.parametrize("method", ["simclr", "byol", "mocov3"])
+def test_resume_is_exact(tmp_path, tiny_overrides, method):
+    """Stopped after 3 steps (mid-epoch) and resumed == uninterrupted, weight for weight."""
+    extra = {"queue_size": 8} if method == "mocov3" else {}
+    base = {**tiny_overrides, "method": method, "epochs": 2, **extra}
+    full = _run(tmp_path, base, name="full")
+    part = _run(tmp_path, {**base, "max_steps": 3}, name="part")
+    _run(tmp_path, {"max_steps": 0}, resume=True, name="part")
+    a = torch.load(full / rundir.LAST_CHECKPOINT, weights_only=False)
+    b = torch.load(part / rundir.LAST_CHECKPOINT, weights_only=False)
+    assert a["step"] == b["step"] == 10
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    assert _losses(full) == _losses(part)
+
+
+def test_run_directory_layout(tmp_path, tiny_overrides):
+    out = _run(tmp_path, {**tiny_overrides, "max_steps": 2, "save_every": 1, "epochs": 1})
+    assert (out / rundir.CONFIG).is_file() and (out / rundir.SPLIT).is_file() and (out / rundir.METRICS).is_file()
+    cfg = load_config(PretrainConfig, out / rundir.CONFIG)
+    assert cfg.temperature == 0.5 and cfg.optimizer == "lars"  # None defaults resolved and recorded
+    split = json.loads((out / rundir.SPLIT).read_text())
+    assert not set(split["train"]) & set(split["val"])
+    ck = torch.load(out / rundir.LAST_CHECKPOINT, weights_only=False)
+    assert {"model", "optimizer", "scheduler", "scaler", "step", "rng", "config", "meta"} <= set(ck)
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_checkpoint_write_is_atomic(tmp_path, tiny_overrides, monkeypatch):
+    out = _run(tmp_path, {**tiny_overrides, "max_steps": 2})
+    before = (out / rundir.LAST_CHECKPOINT).read_bytes()
+    real_save = torch.save
+
+    def dying_save(obj, f, *a, **k):
+        real_save(obj, f, *a, **k)
+        Path(f).write_bytes(Path(f).read_bytes()[:100])  # a crash mid-write ...
+        raise OSError("disk full")  # ... then the error
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(OSError):
+        _run(tmp_path, {"max_steps": 4}, resume=True)
+    assert (out / rundir.LAST_CHECKPOINT).read_bytes() == before
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_overrides, monkeypatch):
+    out = _run(tmp_path, {**tiny_overrides, "max_steps": 2})
+    before = (out / rundir.LAST_CHECKPOINT).read_bytes()
+    from stages.methods.simclr import SimCLR
+
+    monkeypatch.setattr(SimCLR, "forward", lambda self, x1, x2, p: (self.backbone(x1).sum() * float("nan")))
+    with pytest.raises(PipelineError, match="loss became nan at step 2"):
+        _run(tmp_path, {"max_steps": 4}, resume=True)
+    assert (out / rundir.LAST_CHECKPOINT).read_bytes() == before
+
+
+def test_resume_refuses_changed_method(tmp_path, tiny_overrides):
+    _run(tmp_path, {**tiny_overrides, "max_steps": 1})
+    with pytest.raises(PipelineError, match="`method` is 'simclr'"):
+        _run(tmp_path, {"method": "byol"}, resume=True)
+
+
+@pytest.mark.parametrize("over,msg", [
+    ({"batch_size": 1000}, "larger than the"),
+    ({"image_size": 4}, "image size 4 is impossible"),
+    ({"image_size": 16, "small_stem": "off"}, "image size 16 is impossible"),
+    ({"batch_size": 1}, "at least 2"),
+    ({"queue_size": 4}, "MoCo v3 option"),
+])
+def test_bad_options(tmp_path, tiny_overrides, over, msg):
+    with pytest.raises(PipelineError, match=msg):
+        _run(tmp_path, {**tiny_overrides, **over})
+
+
+def test_resolve_fills_method_defaults():
+    cfg = resolve(PretrainConfig(method="byol"))
+    assert (cfg.proj_dim, cfg.momentum_base, cfg.lr) == (256, 0.99, 0.2)
+    cfg = resolve(PretrainConfig(method="mocov3", temperature=0.2))
+    assert cfg.temperature == 0.2 and cfg.queue_size == 0
