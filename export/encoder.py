@@ -1,0 +1,57 @@
+"""The shippable encoder: RGB image in 0..255 -> normalisation inside the model -> backbone -> optional L2.
+
+This is the module every export format is made from and the fp32 reference every artifact is compared with.
+`RUN/export/encoder.pt` (written by the strip stage) holds its state and metadata; `load_encoder` rebuilds it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pipeline.errors import PipelineError
+from stages.backbones import build_backbone
+
+INPUT_NAME = "image"  # every artifact's input: float/uint8 RGB image, 0..255, N x 3 x S x S
+OUTPUT_NAME = "embedding"  # every artifact's output: float32, N x D
+
+
+class Encoder(nn.Module):
+    def __init__(self, backbone: nn.Module, mean, std, l2_normalize: bool = True):
+        super().__init__()
+        self.backbone = backbone
+        # Normalisation folded in: an app hands the model raw pixels, so no preprocessing can be forgotten.
+        self.register_buffer("scale", 1.0 / (255.0 * torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)))
+        self.register_buffer("shift", -torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) / torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1))
+        self.l2_normalize = l2_normalize
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = image.float() * self.scale + self.shift
+        f = self.backbone(x)
+        if self.l2_normalize:
+            # Explicit sum-of-squares + rsqrt (not F.normalize) so converters see plain ops; eps keeps 0 finite.
+            f = f * torch.rsqrt((f * f).sum(dim=1, keepdim=True) + 1e-12)
+        return f
+
+
+def encoder_from_state(state: dict, l2_normalize: bool | None = None) -> Encoder:
+    backbone, _ = build_backbone(state["backbone"], state["small_stem"])
+    backbone.load_state_dict(state["state_dict"])
+    enc = Encoder(backbone, state["mean"], state["std"], state.get("l2_normalize", True) if l2_normalize is None else l2_normalize)
+    return enc.eval()
+
+
+def load_encoder(path: Path | str, l2_normalize: bool | None = None) -> tuple[Encoder, dict]:
+    """(Encoder in eval mode, fp32, on CPU; the stored state dict with metadata). One-line errors for bad files."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"no stripped encoder at {path}: run `pipeline strip` first")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise PipelineError(f"{path} is unreadable or truncated ({type(e).__name__}): re-run `pipeline strip`") from None
+    if not isinstance(state, dict) or "state_dict" not in state or "backbone" not in state:
+        raise PipelineError(f"{path} is not an encoder written by `pipeline strip`")
+    return encoder_from_state(state, l2_normalize), state
