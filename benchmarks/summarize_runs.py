@@ -1,0 +1,29 @@
+"""Print, per run: loss at the first and last logged step, kNN monitor values, and linear-eval vs random init.
+Usage: python benchmarks/summarize_runs.py RUN [RUN ...]"""
+
+import json
+import sys
+from pathlib import Path
+
+
+def pct(x):
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+for run in map(Path, sys.argv[1:]):
+    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [l for l in lines if "loss" in l]
+    knn = [f"{l['epoch']}:{pct(l['knn_top1'])}" for l in lines if "knn_top1" in l]
+    ev = json.loads((run / "eval" / "linear.json").read_text())
+    b = ev["baseline"]
+    few = ev.get("labels_per_class") or {}
+    print(f"== {run.name}: steps {losses[-1]['step']}, loss {losses[0]['loss']:.4f} (step {losses[0]['step']}) -> "
+          f"{losses[-1]['loss']:.4f} (step {losses[-1]['step']}), median img/s {sorted(l['img_s'] for l in losses)[len(losses) // 2]:.0f}")
+    print(f"   kNN monitor (epoch:top1%) {' '.join(knn)}")
+    print(f"   linear top1 {pct(ev['top1'])} vs {pct(b['top1'])} | kNN-200 top1 {pct(ev['knn_top1'])} vs {pct(b['knn_top1'])}"
+          f" | kNN-20 majority {pct(ev.get('knn_majority_top1'))} vs {pct(b.get('knn_majority_top1'))}")
+    if few:
+        fb = few["baseline"]
+        print(f"   {few['k']} labels/class: linear top1 {pct(few['top1'])} vs {pct(fb['top1'])} | kNN-200 top1 "
+              f"{pct(few['knn_top1'])} vs {pct(fb['knn_top1'])} | kNN-20 majority {pct(few.get('knn_majority_top1'))} vs "
+              f"{pct(fb.get('knn_majority_top1'))}")
