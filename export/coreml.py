@@ -1,0 +1,151 @@
+"""Core ML writers: the ML Program (.mlpackage, iPadOS 15+) and the legacy NeuralNetwork (.mlmodel, iPadOS 13+).
+
+Both take the traced encoder (an ExportedProgram or TorchScript) and run on Linux: conversion needs no Mac, only
+prediction does. The input is an ImageType (RGB, the trained size, scale 1, bias 0), so Vision's VNCoreMLRequest can
+feed a camera frame directly and the normalisation stays inside the model, as traced. One output, `embedding`,
+float32 [1, D].
+
+fp16 ML Program: everything from the global average pool on (pool, flatten, sum of squares, rsqrt, scale) stays in
+fp32. A sum of 2048 squared features passes fp16's 65504 easily, and this tail costs nothing next to the convs.
+fp16 NeuralNetwork: a NeuralNetwork has no compute-precision setting; "fp16" there means fp16 *weights* (the device
+picks the compute precision), and the metadata says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from export.encoder import INPUT_NAME, OUTPUT_NAME
+from export.metadata import as_strings, input_description, output_description
+from pipeline.errors import PipelineError
+
+# The NeuralNetwork is for iPads that cannot run an ML Program: the oldest target holding every op used. coremltools
+# treats a target as a ceiling and writes the lowest spec version the ops need, so a later target would change nothing.
+NEURALNETWORK_TARGET = "iOS13"
+POOL_OPS = ("reduce_mean", "avg_pool")  # the global pool; it and everything after it stay fp32
+FP32_TAIL_OPS = ("reduce_sum", "rsqrt")  # the L2 ops checked in the saved program
+# MIL proto DataType values of the program's tensors (coremltools/proto/MIL.proto)
+MIL_DTYPES = {10: "fp16", 11: "fp32"}
+
+
+def coremltools():
+    """Import coremltools with its import-time chatter (no native runtime on Linux, untested torch) kept at ERROR:
+    both are expected here and would bury the stage's own output."""
+    logging.getLogger("coremltools").setLevel(logging.ERROR)
+    import coremltools as ct
+
+    return ct
+
+
+def _image_input(ct, size: int):
+    return ct.ImageType(name=INPUT_NAME, shape=(1, 3, size, size), color_layout=ct.colorlayout.RGB, scale=1.0,
+                        bias=[0.0, 0.0, 0.0])
+
+
+def _after_pool_selector():
+    """op_selector for FP16ComputePrecision: True (fp16) for ops before the global pool, False for the pool and
+    every op fed by it."""
+    memo: dict[int, tuple[Any, bool]] = {}  # id -> (op, answer); holding the op keeps its id from being reused
+
+    def in_tail(op) -> bool:
+        if op is None:
+            return False
+        key = id(op)
+        if key not in memo:
+            memo[key] = (op, False)  # guards against revisiting while this op's producers are walked
+            producers = [v for x in op.inputs.values() for v in (x if isinstance(x, (list, tuple)) else [x])]
+            memo[key] = (op, op.op_type in POOL_OPS or any(in_tail(getattr(v, "op", None)) for v in producers))
+        return memo[key][1]
+
+    return lambda op: not in_tail(op)
+
+
+def program_ops(spec) -> list[tuple[str, str, str]]:
+    """(op type, first output name, its dtype) of an ML Program's main function, in order."""
+    fn = spec.mlProgram.functions["main"]
+    block = fn.block_specializations[fn.opset]
+    out = []
+    for op in block.operations:
+        if op.outputs:
+            dtype = op.outputs[0].type.tensorType.dataType
+            out.append((op.type, op.outputs[0].name, MIL_DTYPES.get(dtype, str(dtype))))
+    return out
+
+
+def check_fp32_tail(spec) -> None:
+    """The L2 normalisation of an fp16 program must be fp32 in the saved program, not just requested."""
+    ops = program_ops(spec)
+    tail = [(t, n, d) for t, n, d in ops if t in FP32_TAIL_OPS]
+    if not tail or any(d != "fp32" for _, _, d in tail):
+        raise PipelineError(f"fp16 ML Program keeps its L2 ops in {[(t, d) for t, _, d in tail]}, not fp32: refused")
+
+
+def _set_metadata(model, meta: dict[str, Any]) -> None:
+    model.author = meta["author"]
+    model.license = meta["license"]
+    model.version = meta["version"]
+    model.short_description = meta["description"]
+    model.input_description[INPUT_NAME] = input_description(meta)
+    model.output_description[OUTPUT_NAME] = output_description(meta)
+    model.user_defined_metadata.update(as_strings(meta))
+
+
+def _convert(ct, program, size: int, **kwargs):
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # coremltools' own internal registry, once per op
+            return ct.convert(program, inputs=[_image_input(ct, size)],
+                              outputs=[ct.TensorType(name=OUTPUT_NAME, dtype=np.float32)], skip_model_load=True, **kwargs)
+    except Exception as e:  # coremltools raises many types; the message names the op it could not lower
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise PipelineError(f"Core ML conversion failed ({type(e).__name__}: {first}); nothing was written") from None
+
+
+def write_mlpackage(program, path: Path, meta: dict[str, Any], precision: str, options: dict[str, Any]) -> dict[str, Any]:
+    ct = coremltools()
+    target = options["deployment_target"]
+    detail = {"precision": precision, "deployment_target": target,
+              "precision_detail": ("fp16 weights and activations; global pool and L2 normalisation in fp32"
+                                   if precision == "fp16" else "fp32 weights and activations")}
+    compute = (ct.transform.FP16ComputePrecision(op_selector=_after_pool_selector()) if precision == "fp16"
+               else ct.precision.FLOAT32)
+    model = _convert(ct, program, meta["image_size"], convert_to="mlprogram", compute_precision=compute,
+                     minimum_deployment_target=getattr(ct.target, target))
+    if precision == "fp16":
+        check_fp32_tail(model.get_spec())
+    _set_metadata(model, {**meta, "format": "mlpackage", **detail})
+    model.save(str(path))
+    return detail
+
+
+def write_mlmodel(program, path: Path, meta: dict[str, Any], precision: str, options: dict[str, Any]) -> dict[str, Any]:
+    ct = coremltools()
+    from coremltools.models.neural_network import quantization_utils
+
+    target = NEURALNETWORK_TARGET
+    detail = {"precision": precision, "deployment_target": target,
+              "precision_detail": ("fp16 weights (NeuralNetwork: the device chooses the compute precision)"
+                                   if precision == "fp16" else "fp32 weights")}
+    model = _convert(ct, program, meta["image_size"], convert_to="neuralnetwork",
+                     minimum_deployment_target=getattr(ct.target, target))
+    if precision == "fp16":
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints one line per layer
+            model = quantization_utils.quantize_weights(model, nbits=16)
+    spec = model.get_spec()
+    # The NeuralNetwork converter leaves the output shape unset; the app (and Xcode's preview) should see [1, D].
+    out = spec.description.output[0]
+    if out.name != OUTPUT_NAME:
+        raise PipelineError(f"NeuralNetwork output is named {out.name!r}, expected {OUTPUT_NAME!r}")
+    del out.type.multiArrayType.shape[:]
+    out.type.multiArrayType.shape.extend([1, meta["embedding_dim"]])
+    model = ct.models.MLModel(spec, skip_model_load=True)
+    _set_metadata(model, {**meta, "format": "mlmodel", **detail})
+    model.save(str(path))
+    return detail

@@ -1,0 +1,137 @@
+"""Export stage (`pipeline export`): the traced encoder to Core ML (.mlpackage, .mlmodel) and ONNX, one metadata
+dict in every artifact, and the sidecar RUN/export/encoder.json listing each artifact with its size and sha256.
+
+Reads RUN/export/encoder.pt, RUN/export/trace.json + the traced graph, and RUN/eval/linear.json when present.
+All or nothing: every requested format is converted into a staging folder beside the artifacts first; only when
+all succeeded are they moved into place (an .mlpackage directory too) and the sidecar rewritten. A failed
+conversion leaves the previous artifacts and sidecar untouched and no partial file behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from export.encoder import load_encoder
+from export.formats import COREML_FORMATS, FORMATS, OPTION_NAMES, TO_CHOICES, select_formats
+from export.metadata import build_metadata
+from pipeline import rundir
+from pipeline.config import opt
+from pipeline.errors import PipelineError
+from stages.strip import encoder_path
+from stages.trace import example_input, file_sha256, load_traced
+
+SIDECAR = "encoder.json"  # in RUN/export/; the Swift demo reads it
+
+
+@dataclass
+class ExportConfig:
+    to: str = opt("all", "which formats: coreml (.mlpackage + .mlmodel), onnx, or all", choices=TO_CHOICES)
+    precision: str | None = opt(None, "None = each format's default: fp16 for Core ML (half the size, the Neural "
+                                      "Engine's type), fp32 for ONNX", choices=("fp16", "fp32"))
+    coreml_format: str | None = opt(None, "None = both: the ML Program for iPadOS 15+, the one-file NeuralNetwork for "
+                                          "older iPads", choices=tuple(COREML_FORMATS))
+    deployment_target: str | None = opt(None, "ML Program minimum OS; None = iOS16 (iPadOS 16 runs on every iPad "
+                                              "since 2017)", choices=FORMATS["mlpackage"].options["deployment_target"][1])
+    opset: int | None = opt(None, "ONNX opset; None = 18, the lowest the torch.export-based exporter writes natively")
+    author: str = opt("ssl-edge-pipeline", "shown in Xcode's model view")
+    license: str = opt("MIT", "the pipeline's license; set the terms of your training data if they differ")
+    model_version: str | None = opt(None, "model version string shown in Xcode; None = <pipeline version>+<run id>.e<epochs>")
+    description: str | None = opt(None, "short description; None = method, backbone, input and output in one line")
+
+
+def artifact_digest(path: Path) -> tuple[int, str]:
+    """(size in bytes, sha256). For a directory (.mlpackage): the sum of file sizes, and sha256 over, for each
+    file in sorted relative-path order, its relative path, a NUL byte, its size as 8 bytes and its contents."""
+    if path.is_file():
+        return path.stat().st_size, file_sha256(path)
+    h, size = hashlib.sha256(), 0
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = f.relative_to(path).as_posix().encode()
+        n = f.stat().st_size
+        h.update(rel + b"\0" + n.to_bytes(8, "little"))
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        size += n
+    return size, h.hexdigest()
+
+
+def _put_in_place(src: Path, dst: Path, trash: Path) -> None:
+    """Move a finished artifact over the old one. A directory cannot be renamed over a non-empty directory, so the
+    old one is first renamed into `trash` (same filesystem: both renames are atomic)."""
+    if dst.is_dir() and not dst.is_symlink():
+        os.replace(dst, trash / f"old-{dst.name}")
+    os.replace(src, dst)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _previous_entries(export_dir: Path, encoder_sha: str, rewritten: set[str], say) -> list[dict]:
+    """Artifacts of formats this export does not rewrite: kept (and listed) if made from the same encoder.pt,
+    removed if made from another one, so export/ never holds an artifact the sidecar does not vouch for."""
+    sidecar = export_dir / SIDECAR
+    old: dict[str, dict] = {}
+    if sidecar.is_file():
+        try:
+            old = {a["format"]: a for a in rundir.load_json(sidecar, "export sidecar").get("artifacts", [])}
+        except (PipelineError, AttributeError, KeyError, TypeError):
+            old = {}  # a broken sidecar vouches for nothing
+    kept = []
+    for f in FORMATS.values():
+        path = export_dir / f.file
+        if f.key in rewritten or not path.exists():
+            continue
+        entry = old.get(f.key)
+        if entry and entry.get("encoder_sha256") == encoder_sha and entry.get("file") == f.file:
+            kept.append(entry)
+        else:
+            _remove(path)
+            say(f"removed {path}: not made from the current encoder.pt (export it again with --to {f.to})")
+    return kept
+
+
+def run(cfg: ExportConfig, run_dir: Path, say=print) -> dict:
+    options = {name: getattr(cfg, name) for name in OPTION_NAMES}
+    plan = select_formats(cfg.to, cfg.coreml_format, cfg.precision, options)  # refuse bad requests before any work
+    _, state = load_encoder(encoder_path(run_dir))
+    program, trace_info = load_traced(run_dir)
+    meta = build_metadata(run_dir, state, trace_info, cfg.author, cfg.license, cfg.model_version, cfg.description, say)
+    example = example_input(int(trace_info.get("example_batch", 2)), state["image_size"])
+    export_dir = run_dir / rundir.EXPORT
+
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=export_dir))
+    try:
+        written = []
+        for fmt, precision, own in plan:
+            say(f"writing {fmt.file}: {fmt.what}, {precision} ...")
+            detail = fmt.writer(program, staging / fmt.file, meta, precision, {**own, "example": example})
+            if not (staging / fmt.file).exists():
+                raise PipelineError(f"the {fmt.key} writer finished without writing {fmt.file}")
+            size, sha = artifact_digest(staging / fmt.file)
+            written.append({"format": fmt.key, "file": fmt.file, **detail, "size_bytes": size, "sha256": sha,
+                            "encoder_sha256": meta["encoder_sha256"]})
+        for entry in written:
+            _put_in_place(staging / entry["file"], export_dir / entry["file"], staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    artifacts = written + _previous_entries(export_dir, meta["encoder_sha256"], {e["format"] for e in written}, say)
+    artifacts.sort(key=lambda a: list(FORMATS).index(a["format"]))
+    sidecar = {**meta, "sha256_of_directory": "sha256 over each file in sorted relative-path order: its path, a NUL "
+                                              "byte, its size (8 bytes, little-endian), its contents",
+               "artifacts": artifacts}
+    rundir.write_json_atomic(export_dir / SIDECAR, sidecar)
+    for entry in written:
+        say(f"wrote {export_dir / entry['file']} ({entry['precision']}, {entry['size_bytes'] / 1e6:.1f} MB)")
+    say(f"wrote {export_dir / SIDECAR}")
+    return sidecar

@@ -1,0 +1,135 @@
+"""Strip stage: the shippable backbone out of a pretraining checkpoint, with the proof that nothing else came along.
+
+Reads RUN/config.yaml and RUN/checkpoints/last.pt; writes RUN/export/encoder.pt (the keys `export.encoder.load_encoder`
+reads: state_dict = backbone only, backbone, small_stem, feat_dim, image_size, mean, std, l2_normalize, metadata).
+
+The stored config decides what the checkpoint must be: the full method model is rebuilt from it and the weights are
+loaded strictly, so a checkpoint of another method or backbone is refused instead of half-loaded. The proof, run on
+every strip: the stripped backbone's features equal the full model's `.backbone` features exactly on random input,
+its output width is the backbone's feature dimension, and its state holds backbone tensors and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pipeline import __version__, rundir
+from pipeline.config import load_config, opt
+from pipeline.errors import PipelineError
+from stages import augment
+from stages.backbones import build_backbone, min_image_size, uses_small_stem
+from stages.pretrain import PretrainConfig, build_model
+
+ENCODER = "encoder.pt"  # in RUN/export/
+# What must agree between config.yaml and the checkpoint's own record: the things that decide the architecture.
+ARCHITECTURE_KEYS = ("method", "backbone", "image_size", "small_stem")
+
+
+@dataclass
+class StripConfig:
+    l2_normalize: bool = opt(True, "unit-length embeddings: the app's cosine similarity becomes a plain dot product")
+    proof_batch: int = opt(4, "random images on which stripped and full-model backbone features must be equal")
+    seed: int = opt(0, "seeds the proof's random images, so the recorded proof is reproducible")
+
+
+def encoder_path(run_dir: Path) -> Path:
+    return run_dir / rundir.EXPORT / ENCODER
+
+
+def stored_config(run_dir: Path, ckpt: dict) -> PretrainConfig:
+    """RUN/config.yaml, checked against the config the checkpoint was saved with."""
+    path = run_dir / rundir.CONFIG
+    if not path.is_file():
+        raise PipelineError(f"no {rundir.CONFIG} in {run_dir}: the run directory is incomplete (re-run `pipeline pretrain`)")
+    cfg = load_config(PretrainConfig, path)
+    saved = ckpt.get("config") or {}
+    for key in ARCHITECTURE_KEYS:
+        if key in saved and saved[key] != getattr(cfg, key):
+            raise PipelineError(f"{run_dir / rundir.LAST_CHECKPOINT} was trained with {key}={saved[key]!r} but {path} says "
+                                f"{getattr(cfg, key)!r}: the checkpoint belongs to another run")
+    return cfg
+
+
+def _load_strict(model: torch.nn.Module, weights: dict, ckpt_path: Path, cfg: PretrainConfig) -> None:
+    """load_state_dict(strict=True), with the mismatch summarised on one line instead of torch's key dump."""
+    if not isinstance(weights, dict):
+        raise PipelineError(f"{ckpt_path}: `model` is not a state dict; the file was not written by `pipeline pretrain`")
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in weights]
+    unexpected = [k for k in weights if k not in expected]
+    resized = [k for k in expected if k in weights and tuple(weights[k].shape) != tuple(expected[k].shape)]
+    if missing or unexpected or resized:
+        parts = [f"{len(v)} {what} (e.g. {v[0]})" for what, v in
+                 (("missing", missing), ("unexpected", unexpected), ("with another shape", resized)) if v]
+        raise PipelineError(f"{ckpt_path} does not fit its config ({cfg.method}/{cfg.backbone}, {cfg.image_size} px): "
+                            f"{'; '.join(parts)} tensors: it is a checkpoint of another method or backbone")
+    model.load_state_dict(weights, strict=True)
+
+
+def strip_projection_head(model: torch.nn.Module, cfg: PretrainConfig) -> tuple[dict, dict]:
+    """(backbone state, what was dropped). Heads, predictors, momentum networks and queues all live outside
+    `model.backbone` (see stages/methods), so the backbone's own state dict is exactly what ships."""
+    full = model.state_dict()
+    kept = {k: v.detach().clone() for k, v in model.backbone.state_dict().items()}
+    reference, _ = build_backbone(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size))
+    if set(kept) != set(reference.state_dict()):
+        raise PipelineError(f"stripped state of {cfg.backbone} has keys a fresh {cfg.backbone} lacks: not stripped cleanly")
+    dropped = sorted(k for k in full if not k.startswith("backbone."))
+    modules = sorted({k.split(".")[0] for k in dropped})
+    return kept, {"dropped_modules": modules, "dropped_tensors": len(dropped), "kept_tensors": len(kept),
+                  "dropped_params": sum(full[k].numel() for k in dropped),
+                  "kept_params": sum(v.numel() for v in kept.values())}
+
+
+def prove_strip(model: torch.nn.Module, kept: dict, cfg: PretrainConfig, feat_dim: int, batch: int, seed: int) -> dict:
+    """Rebuild a bare backbone from the stripped state and compare with the full model's backbone, bit for bit."""
+    small = uses_small_stem(cfg.small_stem, cfg.image_size)
+    stripped, _ = build_backbone(cfg.backbone, small)
+    stripped.load_state_dict(kept, strict=True)
+    stripped.eval()
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 3, cfg.image_size, cfg.image_size, generator=gen)
+    with torch.no_grad():
+        full_feats = model.backbone(x)
+        feats = stripped(x)
+    if tuple(feats.shape) != (batch, feat_dim):
+        raise PipelineError(f"stripped {cfg.backbone} outputs {tuple(feats.shape)}, expected ({batch}, {feat_dim})")
+    if not torch.equal(feats, full_feats):
+        diff = (feats - full_feats).abs().max().item()
+        raise PipelineError(f"stripped backbone features differ from the full model's by {diff:.3g}: strip refused")
+    return {"input_shape": list(x.shape), "seed": seed, "output_dim": feat_dim, "equal": True, "max_abs_diff": 0.0}
+
+
+def run(cfg: StripConfig, run_dir: Path, say=print) -> dict:
+    if cfg.proof_batch < 1:
+        raise PipelineError(f"proof_batch must be >= 1, got {cfg.proof_batch}")
+    ckpt_path = run_dir / rundir.LAST_CHECKPOINT
+    ckpt = rundir.load_checkpoint(ckpt_path)
+    pcfg = stored_config(run_dir, ckpt)
+    small = uses_small_stem(pcfg.small_stem, pcfg.image_size)
+    if pcfg.image_size < min_image_size(small):
+        raise PipelineError(f"{run_dir / rundir.CONFIG}: image_size {pcfg.image_size} is below {min_image_size(small)} for this stem")
+    model, feat_dim = build_model(pcfg)
+    _load_strict(model, ckpt["model"], ckpt_path, pcfg)
+    kept, dropped = strip_projection_head(model, pcfg)
+    proof = prove_strip(model, kept, pcfg, feat_dim, cfg.proof_batch, cfg.seed)
+    meta = ckpt.get("meta") or {}
+    state = {
+        "state_dict": kept, "backbone": pcfg.backbone, "small_stem": small, "feat_dim": feat_dim,
+        "image_size": pcfg.image_size, "mean": list(meta.get("mean", augment.MEAN)), "std": list(meta.get("std", augment.STD)),
+        "l2_normalize": cfg.l2_normalize,
+        "metadata": {"method": pcfg.method, "run_id": run_dir.resolve().name, "step": ckpt.get("step"),
+                     "epochs_done": ckpt.get("epochs_done"), "epochs": pcfg.epochs, "data": pcfg.data,
+                     "seed": pcfg.seed, "pipeline_version": __version__, "checkpoint": str(ckpt_path),
+                     **dropped, "proof": proof},
+    }
+    out = encoder_path(run_dir)
+    rundir.torch_save_atomic(state, out)
+    say(f"stripped {pcfg.method}/{pcfg.backbone}: kept {dropped['kept_params']:,} backbone parameters, dropped "
+        f"{dropped['dropped_params']:,} ({', '.join(dropped['dropped_modules']) or 'nothing'}); features equal the "
+        f"full model's on {cfg.proof_batch} random images; {feat_dim}-d -> {out}")
+    return state

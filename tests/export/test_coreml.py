@@ -1,0 +1,115 @@
+"""Core ML artifacts of a tiny ResNet-18 run, reloaded from disk (Linux cannot predict, so the spec is checked):
+image input RGB S x S, output `embedding` float32 [1, D], the metadata, fp16 with the L2 tail in fp32, NeuralNetwork
+weights in fp16, the deployment targets, and the sidecar's size/sha256 of each artifact."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from export.coreml import program_ops
+from export.metadata import as_strings
+from pipeline import __version__, rundir
+from stages import pretrain
+from stages.convert import ExportConfig, SIDECAR, artifact_digest
+from stages.convert import run as export
+from stages.pretrain import config_for_run
+from stages.strip import StripConfig
+from stages.strip import run as strip
+from stages.trace import TraceConfig
+from stages.trace import run as trace
+
+logging.getLogger("coremltools").setLevel(logging.ERROR)
+ct = pytest.importorskip("coremltools")
+from coremltools.proto import FeatureTypes_pb2  # noqa: E402
+
+SPEC_VERSION = {"iOS13": 4, "iOS16": 7, "iOS17": 8}  # coremltools' _SPECIFICATION_VERSION_*
+REQUIRED_METADATA = ("method", "backbone", "embedding_dim", "image_size", "mean", "std", "l2_normalized", "run_id",
+                     "epochs", "pipeline_version", "linear_top1")
+
+
+def _traced_run(tmp_path: Path, overrides: dict) -> Path:
+    out = tmp_path / "run"
+    pretrain.run(config_for_run(None, {**overrides, "max_steps": 1}, out, False), out, say=lambda *_: None)
+    strip(StripConfig(), out, say=lambda *_: None)
+    trace(TraceConfig(), out, say=lambda *_: None)
+    return out
+
+
+def check_coreml_io(spec, size: int, dim: int) -> None:
+    """What Vision's VNCoreMLRequest needs: one RGB image input of the trained size, one float32 [1, D] output."""
+    assert [i.name for i in spec.description.input] == ["image"]
+    image = spec.description.input[0].type
+    assert image.WhichOneof("Type") == "imageType"
+    assert (image.imageType.width, image.imageType.height) == (size, size)
+    assert image.imageType.colorSpace == FeatureTypes_pb2.ImageFeatureType.RGB
+    assert [o.name for o in spec.description.output] == ["embedding"]
+    out = spec.description.output[0].type.multiArrayType
+    assert list(out.shape) == [1, dim]
+    assert out.dataType == FeatureTypes_pb2.ArrayFeatureType.FLOAT32
+
+
+def check_coreml_metadata(spec, sidecar: dict, fmt: str) -> None:
+    md = spec.description.metadata
+    assert md.author == sidecar["author"] and md.license == sidecar["license"]
+    assert md.versionString == sidecar["version"] and md.shortDescription == sidecar["description"]
+    assert "0..255" in spec.description.input[0].shortDescription
+    assert "L2-normalised" in spec.description.output[0].shortDescription
+    user = dict(md.userDefined)
+    shared = {k: v for k, v in sidecar.items() if k not in ("artifacts", "sha256_of_directory")}
+    for key, value in as_strings(shared).items():  # the one metadata dict, in every artifact
+        assert user[key] == value, key
+    assert user["format"] == fmt
+    assert json.loads(user["mean"]) == sidecar["mean"]
+
+
+def test_coreml_export_resnet18(tmp_path, tiny_overrides):
+    out = _traced_run(tmp_path, tiny_overrides)
+    rundir.write_json_atomic(out / rundir.EVAL / "linear.json", {"top1": 0.625, "knn_top1": 0.5, "checkpoint": {"step": 1}})
+    sidecar = export(ExportConfig(to="coreml", deployment_target="iOS17"), out, say=lambda *_: None)
+    assert json.loads((out / rundir.EXPORT / SIDECAR).read_text()) == sidecar
+    assert all(k in sidecar for k in REQUIRED_METADATA)
+    assert sidecar["linear_top1"] == 0.625 and sidecar["embedding_dim"] == 512 and sidecar["image_size"] == 16
+    assert sidecar["pipeline_version"] == __version__ and sidecar["l2_normalized"] is True
+    entries = {a["format"]: a for a in sidecar["artifacts"]}
+    assert set(entries) == {"mlpackage", "mlmodel"}
+    for entry in entries.values():
+        assert (entry["size_bytes"], entry["sha256"]) == artifact_digest(out / rundir.EXPORT / entry["file"])
+
+    # ML Program, fp16: convs in fp16, the global pool and L2 normalisation in fp32 in the saved program
+    pkg = out / rundir.EXPORT / "encoder.mlpackage"
+    assert pkg.is_dir() and entries["mlpackage"]["precision"] == "fp16"
+    spec = ct.models.MLModel(str(pkg), skip_model_load=True).get_spec()
+    assert spec.WhichOneof("Type") == "mlProgram" and spec.specificationVersion == SPEC_VERSION["iOS17"]
+    check_coreml_io(spec, 16, 512)
+    check_coreml_metadata(spec, sidecar, "mlpackage")
+    ops = program_ops(spec)
+    dtypes = {(t, d) for t, _, d in ops}
+    assert ("conv", "fp16") in dtypes and ("conv", "fp32") not in dtypes
+    tail = [(t, d) for t, _, d in ops if t in ("reduce_mean", "reduce_sum", "rsqrt")]
+    assert [t for t, _ in tail] == ["reduce_mean", "reduce_sum", "rsqrt"] and {d for _, d in tail} == {"fp32"}
+    assert ops[-1][1] == "embedding" and ops[-1][2] == "fp32"
+
+    # NeuralNetwork (.mlmodel): one file, fp16 weights, iOS13 spec
+    nn_path = out / rundir.EXPORT / "encoder.mlmodel"
+    assert nn_path.is_file()
+    spec = ct.models.MLModel(str(nn_path), skip_model_load=True).get_spec()
+    assert spec.WhichOneof("Type") == "neuralNetwork" and spec.specificationVersion == SPEC_VERSION["iOS13"]
+    check_coreml_io(spec, 16, 512)
+    check_coreml_metadata(spec, sidecar, "mlmodel")
+    assert dict(spec.description.metadata.userDefined)["precision_detail"].startswith("fp16 weights")
+    convs = [layer.convolution for layer in spec.neuralNetwork.layers if layer.WhichOneof("layer") == "convolution"]
+    assert len(convs) == 20  # ResNet-18: stem + 16 block convs + 3 downsample convs; all with fp16 weights
+    assert all(c.weights.float16Value and not c.weights.floatValue for c in convs)
+
+    # fp32 ML Program on its own: replaces the package, keeps the .mlmodel (same encoder.pt) in the sidecar
+    sidecar = export(ExportConfig(to="coreml", coreml_format="mlpackage", precision="fp32"), out, say=lambda *_: None)
+    entries = {a["format"]: a for a in sidecar["artifacts"]}
+    assert entries["mlpackage"]["precision"] == "fp32" and entries["mlmodel"]["precision"] == "fp16"
+    spec = ct.models.MLModel(str(pkg), skip_model_load=True).get_spec()
+    assert spec.specificationVersion == SPEC_VERSION["iOS16"]  # the default target
+    dtypes = {d for t, _, d in program_ops(spec) if t != "const"}
+    assert "fp16" not in dtypes and "fp32" in dtypes
+    check_coreml_io(spec, 16, 512)
+    assert not [p for p in (out / rundir.EXPORT).iterdir() if p.name.startswith(".")]  # no staging left behind
