@@ -1,0 +1,100 @@
+"""How far an exported artifact's features are from PyTorch's, and whether that is close enough to ship.
+
+Per image: cosine similarity, relative L2 error ||a - r|| / ||r||, max abs error. Over the set: the worst and mean of
+each, and top-k retrieval agreement: for every query, the overlap of its k nearest neighbours (cosine, the query
+itself excluded) by PyTorch's features and by the artifact's. Pure numpy; no model in sight.
+
+Cosine alone is too loose a gate: an RGB/BGR swap on a random-init ResNet still scores 0.9989. So an fp32
+artifact must match to max abs 1e-4 *and* cosine 0.99999, and an fp16 one must keep every image's relative
+error under 1e-2 *and* keep the neighbours an app would retrieve.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PRECISIONS = ("fp32", "fp16")
+
+
+def _rows(a) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    return a.reshape(a.shape[0], -1) if a.ndim != 2 else a
+
+
+def per_image(ref, out) -> dict[str, np.ndarray]:
+    """cosine, rel_l2 and max_abs per row. Zero-norm rows get cosine 0 / rel_l2 inf unless both are zero."""
+    r, a = _rows(ref), _rows(out)
+    nr, na = np.linalg.norm(r, axis=1), np.linalg.norm(a, axis=1)
+    diff = np.linalg.norm(a - r, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = np.where((nr > 0) & (na > 0), (r * a).sum(1) / (nr * na), np.where((nr == 0) & (na == 0), 1.0, 0.0))
+        rel = np.where(nr > 0, diff / nr, np.where(diff == 0, 0.0, np.inf))
+    return {"cosine": cos, "rel_l2": rel, "max_abs": np.abs(a - r).max(axis=1) if r.shape[1] else np.zeros(len(r))}
+
+
+def neighbours(feats, k: int) -> np.ndarray:
+    """Indices of each row's k most cosine-similar other rows (N x k); ties broken by index, stably."""
+    f = _rows(feats)
+    n = np.linalg.norm(f, axis=1, keepdims=True)
+    f = f / np.where(n > 0, n, 1.0)
+    sim = f @ f.T
+    np.fill_diagonal(sim, -np.inf)
+    return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+
+
+def topk_agreement(ref, out, k: int) -> float | None:
+    """Mean over queries of |kNN_ref & kNN_out| / k, with k clamped to N-1; None when N < 2 (nothing to rank)."""
+    n = _rows(ref).shape[0]
+    k = min(k, n - 1)
+    if k < 1:
+        return None
+    a, b = neighbours(ref, k), neighbours(out, k)
+    return float(np.mean([len(set(x) & set(y)) / k for x, y in zip(a, b)]))
+
+
+def compare(ref, out, top_k: int = 10) -> dict:
+    """All metrics of `out` against `ref` (N x D each). Shapes must match; NaN/inf are reported, not hidden."""
+    r, a = _rows(ref), _rows(out)
+    if r.shape != a.shape:
+        return {"error": f"output shape {tuple(np.shape(out))} != reference {tuple(np.shape(ref))}"}
+    if not np.isfinite(a).all():
+        return {"error": f"{int((~np.isfinite(a)).sum())} non-finite values in the output"}
+    m = per_image(r, a)
+    n = r.shape[0]
+    return {
+        "images": n,
+        "worst_cosine": float(m["cosine"].min()) if n else None,
+        "mean_cosine": float(m["cosine"].mean()) if n else None,
+        "worst_rel_l2": float(m["rel_l2"].max()) if n else None,
+        "mean_rel_l2": float(m["rel_l2"].mean()) if n else None,
+        "max_abs": float(m["max_abs"].max()) if n else None,
+        "top_k": min(top_k, n - 1) if n > 1 else 0,
+        "topk_agreement": topk_agreement(r, a, top_k),
+        "worst_image": int(m["rel_l2"].argmax()) if n else None,
+        "per_image": {k: [float(v) for v in m[k]] for k in ("cosine", "rel_l2", "max_abs")},
+    }
+
+
+def gate_failures(metrics: dict, precision: str, *, fp32_max_abs: float, fp32_min_cosine: float,
+                  fp16_max_rel_l2: float, fp16_min_topk: float) -> list[str]:
+    """Empty when the artifact passes; else one phrase per failed gate naming the metric, value and bound.
+    The bounds (and why) are `stages.validate.ValidateConfig`'s."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if "error" in metrics:
+        return [metrics["error"]]
+    fails = []
+    if precision == "fp32":
+        if not metrics["max_abs"] <= fp32_max_abs:
+            fails.append(f"max_abs {metrics['max_abs']:.3g} > {fp32_max_abs:g}")
+        if not metrics["worst_cosine"] >= fp32_min_cosine:
+            fails.append(f"worst_cosine {metrics['worst_cosine']:.7f} < {fp32_min_cosine:g}")
+    else:
+        if not metrics["worst_rel_l2"] <= fp16_max_rel_l2:
+            fails.append(f"worst_rel_l2 {metrics['worst_rel_l2']:.3g} > {fp16_max_rel_l2:g}")
+        agree = metrics["topk_agreement"]
+        if agree is None:
+            fails.append("top-k agreement needs at least 2 images")
+        elif not agree >= fp16_min_topk:
+            fails.append(f"top{metrics['top_k']}_agreement {agree:.3f} < {fp16_min_topk:g}")
+    return fails

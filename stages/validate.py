@@ -1,0 +1,289 @@
+"""Validate stage: every exported artifact is run and compared with PyTorch before it leaves the pipeline.
+
+Reads RUN/export/encoder.pt (the fp32 PyTorch reference), RUN/export/encoder.json (which artifacts exist, in which
+precision, made from which encoder.pt), RUN/config.yaml + RUN/split.json (the val images); writes
+RUN/validate/parity.json and fails, naming the artifact and the metric, when a gate is not met.
+
+Images go in as an app hands them over: RGB, cropped/resized to the model's side, pixels 0..255 (the val split
+at the stored size, center-cropped; `--images DIR` adds files decoded like a photo library would).
+
+Runtimes, per artifact (each row of the report says which produced its numbers):
+- .mlpackage: `mil-eval`, the ML Program executed op by op with torch (export/mil_eval.py), fp16 rounded per op
+- .mlmodel: `nn-eval`, the NeuralNetwork layers with torch (export/nn_eval.py), fp16 activations when the weights
+  are fp16 (what the GPU/Neural Engine of an iPad does), fp32 otherwise (Core ML's CPU path)
+- .onnx: `onnxruntime` on the CPU
+- on macOS with Core ML available, also `coreml CPU_ONLY` and `coreml ALL` (the real runtime, MLModel.predict)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from export import parity
+from export.encoder import OUTPUT_NAME, load_encoder
+from pipeline import rundir
+from pipeline.config import load_config, opt, to_dict
+from pipeline.errors import PipelineError
+
+PARITY = "parity.json"  # in RUN/validate/
+SIDECAR = "encoder.json"  # in RUN/export/, written by `pipeline export`
+ENCODER = "encoder.pt"
+
+
+@dataclass
+class ValidateConfig:
+    images: str = opt("", "extra folder of images to check with, besides the run's val split (any PIL-readable files)")
+    max_images: int = opt(256, "cap on val images (and, separately, on --images files): enough for top-10 statistics, "
+                               "and the reference evaluators run one image at a time")
+    top_k: int = opt(10, "neighbours compared per query for retrieval agreement (clamped to images - 1)")
+    fp32_max_abs: float = opt(1e-4, "fp32 artifacts: largest |artifact - PyTorch| allowed; fp32 summation order alone "
+                                    "gives ~1e-6 on unit-length features")
+    fp32_min_cosine: float = opt(0.99999, "fp32 artifacts: worst per-image cosine allowed; a wrong op costs far more")
+    fp16_max_rel_l2: float = opt(1e-2, "fp16 artifacts: worst per-image ||a - r|| / ||r||; fp16 storage through a "
+                                       "ResNet gives ~1e-3, an RGB/BGR swap ~5e-2")
+    fp16_min_topk: float = opt(0.95, "fp16 artifacts: mean top-k neighbour overlap with PyTorch's features")
+    coreml_runtime: str = opt("auto", "auto: also run the real Core ML runtime where it exists (macOS); off: never",
+                              choices=("auto", "off"))
+
+
+def gates(cfg: ValidateConfig) -> dict[str, float]:
+    return {k: getattr(cfg, k) for k in ("fp32_max_abs", "fp32_min_cosine", "fp16_max_rel_l2", "fp16_min_topk")}
+
+
+def check(cfg: ValidateConfig) -> None:
+    if cfg.max_images < 1:
+        raise PipelineError(f"--max-images must be >= 1, got {cfg.max_images}")
+    if cfg.top_k < 1:
+        raise PipelineError(f"--top-k must be >= 1, got {cfg.top_k}")
+    if not (cfg.fp32_max_abs >= 0 and cfg.fp16_max_rel_l2 >= 0):
+        raise PipelineError("--fp32-max-abs and --fp16-max-rel-l2 must be >= 0")
+    if not (0 <= cfg.fp32_min_cosine <= 1 and 0 <= cfg.fp16_min_topk <= 1):
+        raise PipelineError("--fp32-min-cosine and --fp16-min-topk must be in [0, 1]")
+
+
+# ---------------------------------------------------------------- images, as an app hands them over
+
+def val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str]]:
+    """The run's val split, center view at the model's side, uint8 RGB N x 3 x S x S (the first `cap`)."""
+    from stages.augment import center_views
+    from stages.data import load_data
+    from stages.pretrain import PretrainConfig, store_size_for
+
+    cfg = load_config(PretrainConfig, run_dir / rundir.CONFIG)
+    split_path = run_dir / rundir.SPLIT
+    split = rundir.load_json(split_path, "split")
+    if not isinstance(split, dict) or not {"val", "val_sources"} <= set(split):
+        raise PipelineError(f"{split_path} is not a split written by `pipeline pretrain`")
+    data = load_data(cfg.data, store_size_for(cfg), seed=cfg.seed)
+    idx = split["val"][:cap]
+    if any(not 0 <= i < len(data) or data.sources[i] != s for i, s in zip(idx, split["val_sources"])):
+        raise PipelineError(f"the images of {cfg.data} are no longer those recorded in {split_path}: restore them, or "
+                            f"validate on a folder with --images")
+    images = center_views(data.images[torch.as_tensor(idx, dtype=torch.long)], size) if idx else \
+        torch.empty(0, 3, size, size, dtype=torch.uint8)
+    return images.to(torch.uint8), [data.sources[i] for i in idx]
+
+
+def folder_images(folder: Path, size: int, cap: int, say=print) -> tuple[torch.Tensor, list[str]]:
+    """Every readable image under `folder` (sorted, recursive), decoded to size x size RGB like a photo: EXIF
+    orientation applied, shorter side resized, center-cropped. Unreadable files are skipped and counted."""
+    from stages.data import decode_image
+
+    if not folder.is_dir():
+        raise PipelineError(f"--images {folder}: not a directory")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.parts))
+    arrays, sources, skipped = [], [], 0
+    for f in files:
+        if len(arrays) >= cap:
+            break
+        try:
+            arrays.append(decode_image(f, size))
+            sources.append(str(f))
+        except Exception:  # PIL raises many types for non-images and truncated files
+            skipped += 1
+    if skipped:
+        say(f"warning: skipped {skipped} unreadable or non-image files under {folder}")
+    if not arrays:
+        raise PipelineError(f"--images {folder}: no readable images")
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous(), sources
+
+
+# ---------------------------------------------------------------- runners: images (uint8 RGB N x 3 x S x S) -> N x D
+# Each returns (runtime name, features, the precision the file itself computes in or None when it cannot tell).
+
+def _run_mil(path: Path, images: torch.Tensor) -> tuple[str, np.ndarray, str | None]:
+    from export import mil_eval
+
+    model = mil_eval.load_mlpackage(path)
+    return "mil-eval", mil_eval.predict_images(model, images, OUTPUT_NAME), model.precision
+
+
+def _run_nn(path: Path, images: torch.Tensor) -> tuple[str, np.ndarray, str | None]:
+    from export import nn_eval
+
+    model = nn_eval.load_mlmodel(path)
+    compute = model.default_compute
+    return f"nn-eval ({compute} activations)", nn_eval.predict_images(model, images, OUTPUT_NAME, compute), model.precision
+
+
+def _run_onnx(path: Path, images: torch.Tensor) -> tuple[str, np.ndarray, str | None]:
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise PipelineError(f"{path}: onnxruntime cannot load it ({type(e).__name__}: {first})") from None
+    inp = session.get_inputs()[0]
+    half = inp.type == "tensor(float16)"
+    x = images.float().numpy().astype(np.float16 if half else np.float32)
+    fixed_batch = isinstance(inp.shape[0], int) and inp.shape[0] == 1
+    batches = [x[i: i + 1] for i in range(len(x))] if fixed_batch else [x[i: i + 64] for i in range(0, len(x), 64)]
+    try:
+        out = [session.run([OUTPUT_NAME], {inp.name: b})[0] for b in batches]
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise PipelineError(f"{path}: onnxruntime failed to run it ({type(e).__name__}: {first})") from None
+    return "onnxruntime (CPU)", np.concatenate(out).astype(np.float32).reshape(len(x), -1), "fp16" if half else None
+
+
+RUNNERS: dict[str, Callable[[Path, torch.Tensor], tuple[str, np.ndarray, str | None]]] = {
+    "mlpackage": _run_mil,
+    "mlmodel": _run_nn,
+    "onnx": _run_onnx,
+}
+COREML_FORMATS = ("mlpackage", "mlmodel")
+COMPUTE_UNITS = ("CPU_ONLY", "ALL")
+
+
+def gate_precision(fmt: str, declared: str, actual: str | None, runtime: str) -> str:
+    """fp32 gates if the sidecar or the file says fp32 (the stricter claim wins: a file that computes in fp32
+    gets no fp16 slack, and a sidecar that promised fp32 is held to it). The real runtime's GPU/Neural Engine
+    computes NeuralNetwork models in fp16 whatever their weights."""
+    if fmt == "mlmodel" and runtime == "coreml ALL":
+        return "fp16"
+    if declared == "fp32" or actual == "fp32":
+        return "fp32"
+    return "fp16"
+
+
+def _row(entry: dict, runtime: str, precision: str, metrics: dict, failures: list[str], sources: list[str]) -> dict:
+    worst = metrics.get("worst_image")
+    return {"artifact": entry["file"], "format": entry["format"], "runtime": runtime, "precision": precision,
+            **{k: v for k, v in metrics.items() if k != "worst_image"},
+            "worst_image_source": sources[worst] if worst is not None and worst < len(sources) else None,
+            "passed": not failures, "failures": failures}
+
+
+def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
+    check(cfg)
+    export_dir = run_dir / rundir.EXPORT
+    encoder, state = load_encoder(export_dir / ENCODER)
+    size = int(state["image_size"])
+    sidecar_path = export_dir / SIDECAR
+    sidecar = rundir.load_json(sidecar_path, "export sidecar (run `pipeline export` first)")
+    artifacts = sidecar.get("artifacts") if isinstance(sidecar, dict) else None
+    if not artifacts:
+        raise PipelineError(f"{sidecar_path} lists no artifacts: run `pipeline export`")
+    from stages.convert import artifact_digest
+    from stages.trace import file_sha256
+
+    encoder_sha = file_sha256(export_dir / ENCODER)
+
+    # --- images
+    images, sources = torch.empty(0, 3, size, size, dtype=torch.uint8), []
+    if (run_dir / rundir.SPLIT).is_file() and (run_dir / rundir.CONFIG).is_file():
+        images, sources = val_images(run_dir, size, cfg.max_images)
+    elif not cfg.images:
+        raise PipelineError(f"{run_dir} has no {rundir.SPLIT} / {rundir.CONFIG} to take val images from: pass --images DIR")
+    n_val = len(sources)
+    if cfg.images:
+        extra, extra_sources = folder_images(Path(cfg.images), size, cfg.max_images, say)
+        images, sources = torch.cat([images, extra]), sources + extra_sources
+    if len(sources) < 2:
+        raise PipelineError(f"only {len(sources)} image(s) to validate with; retrieval agreement needs at least 2: "
+                            f"add a folder with --images")
+    say(f"validating {len(artifacts)} artifacts on {len(sources)} images ({n_val} val"
+        f"{f', {len(sources) - n_val} from {cfg.images}' if cfg.images else ''}) at {size}x{size}")
+
+    # --- the fp32 PyTorch reference
+    with torch.no_grad():
+        ref = torch.cat([encoder(images[i: i + 64].float()) for i in range(0, len(images), 64)]).numpy()
+
+    # --- every artifact, every runtime available here
+    from export.coreml_runtime import coreml_can_predict, coreml_predict
+
+    real_ok, real_why = coreml_can_predict() if cfg.coreml_runtime == "auto" else (False, "--coreml-runtime off")
+    rows = []
+    for entry in artifacts:
+        fmt, path = entry.get("format"), export_dir / str(entry.get("file"))
+        if fmt not in RUNNERS:
+            raise PipelineError(f"{sidecar_path}: unknown artifact format {fmt!r}")
+        if not path.exists():
+            raise PipelineError(f"{path} is listed in {sidecar_path} but missing: re-run `pipeline export`")
+        declared = entry.get("precision", "fp32")
+        notes = []
+        if entry.get("encoder_sha256") not in (None, encoder_sha):
+            notes.append(f"made from another encoder.pt than {export_dir / ENCODER}: re-run `pipeline export`")
+        if entry.get("sha256") and artifact_digest(path)[1] != entry["sha256"]:
+            say(f"warning: {path} changed since `pipeline export` wrote it (sha256 differs from {SIDECAR})")
+        # An artifact the runtime cannot run (an op the evaluator lacks, a model Core ML rejects) is a failed row
+        # with the reason, not the end of the report: the other artifacts are still measured.
+        try:
+            runtime, out, actual = RUNNERS[fmt](path, images)
+            results = [(runtime, out)]
+        except PipelineError as e:
+            runtime, actual = f"{fmt} reference evaluator", None
+            results = [(runtime, e)]
+        if real_ok and fmt in COREML_FORMATS:
+            for units in COMPUTE_UNITS:
+                try:
+                    results.append((f"coreml {units}", coreml_predict(path, images, units, OUTPUT_NAME)))
+                except PipelineError as e:
+                    results.append((f"coreml {units}", e))
+        for runtime, out in results:
+            precision = gate_precision(fmt, declared, actual, runtime)
+            metrics = {"error": str(out)} if isinstance(out, PipelineError) else parity.compare(ref, out, cfg.top_k)
+            failures = notes + parity.gate_failures(metrics, precision, **gates(cfg))
+            rows.append(_row(entry, runtime, precision, metrics, failures, sources))
+
+    result = {
+        "run": str(run_dir), "image_size": size, "embedding_dim": int(ref.shape[1]),
+        "images": {"count": len(sources), "val": n_val, "extra_folder": cfg.images or None, "sources": sources},
+        "reference": "PyTorch fp32, export/encoder.pt (normalisation and L2 inside the model)",
+        "coreml_runtime": "used" if real_ok else f"not used: {real_why}",
+        "config": to_dict(cfg), "passed": all(r["passed"] for r in rows), "rows": rows,
+    }
+    rundir.write_json_atomic(run_dir / rundir.VALIDATE / PARITY, result)
+    say(format_table(result))
+    say(f"wrote {run_dir / rundir.VALIDATE / PARITY}")
+    failed = [r for r in rows if not r["passed"]]
+    if failed:
+        raise PipelineError("parity gate failed: " + "; ".join(f"{r['artifact']} ({r['runtime']}): {', '.join(r['failures'])}"
+                                                                for r in failed))
+    return result
+
+
+def _fmt(v, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def format_table(result: dict) -> str:
+    """artifact | runtime | precision | worst cos | mean cos | worst rel L2 | max abs | top-k agree | PASS/FAIL"""
+    k = max((r.get("top_k") or 0 for r in result["rows"]), default=0)
+    head = (f"{'artifact':18s} {'runtime':28s} {'prec':4s} {'worst cos':>10s} {'mean cos':>10s} {'worst relL2':>11s} "
+            f"{'max abs':>9s} {f'top-{k} agree':>12s}  result")
+    lines = [head]
+    for r in result["rows"]:
+        lines.append(f"{r['artifact']:18s} {r['runtime']:28s} {r['precision']:4s} {_fmt(r.get('worst_cosine'), '10.7f')} "
+                     f"{_fmt(r.get('mean_cosine'), '10.7f')} {_fmt(r.get('worst_rel_l2'), '11.2e')} "
+                     f"{_fmt(r.get('max_abs'), '9.2e')} {_fmt(r.get('topk_agreement'), '12.3f')}  "
+                     f"{'PASS' if r['passed'] else 'FAIL: ' + '; '.join(r['failures'])}")
+    lines.append(f"({result['images']['count']} images at {result['image_size']}x{result['image_size']}; reference "
+                 f"{result['reference']}; real Core ML runtime {result['coreml_runtime']})")
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""Parity metrics against naive loops, and the gates: what passes, what fails, and that the message names the metric."""
+
+import numpy as np
+import pytest
+import torch
+
+from export import parity
+from export.encoder import Encoder
+from stages.augment import MEAN, STD
+from stages.backbones import build_backbone
+from stages.data import make_synthetic
+
+GATES = dict(fp32_max_abs=1e-4, fp32_min_cosine=0.99999, fp16_max_rel_l2=1e-2, fp16_min_topk=0.95)
+
+
+def _naive_topk(ref, out, k):
+    def knn(f, i):
+        sims = [(float(np.dot(f[i], f[j]) / (np.linalg.norm(f[i]) * np.linalg.norm(f[j]))), j) for j in range(len(f)) if j != i]
+        sims.sort(key=lambda t: (-t[0], t[1]))
+        return {j for _, j in sims[:k]}
+
+    return float(np.mean([len(knn(ref, i) & knn(out, i)) / k for i in range(len(ref))]))
+
+
+@pytest.mark.parametrize("n,d", [(5, 3), (12, 16)])
+def test_per_image_metrics_match_a_naive_loop(n, d):
+    rng = np.random.default_rng(n)
+    ref, out = rng.standard_normal((n, d)), rng.standard_normal((n, d))
+    m = parity.per_image(ref, out)
+    for i in range(n):
+        r, a = ref[i], out[i]
+        assert m["cosine"][i] == pytest.approx(float(r @ a / (np.linalg.norm(r) * np.linalg.norm(a))))
+        assert m["rel_l2"][i] == pytest.approx(float(np.linalg.norm(a - r) / np.linalg.norm(r)))
+        assert m["max_abs"][i] == pytest.approx(float(np.max(np.abs(a - r))))
+
+
+@pytest.mark.parametrize("n,k", [(20, 10), (15, 3), (6, 10)])
+def test_topk_agreement_matches_a_naive_loop(n, k):
+    rng = np.random.default_rng(k)
+    ref = rng.standard_normal((n, 8))
+    out = ref + 0.5 * rng.standard_normal((n, 8))
+    assert parity.topk_agreement(ref, out, k) == pytest.approx(_naive_topk(ref, out, min(k, n - 1)))
+
+
+def test_topk_agreement_edges():
+    ref = np.random.default_rng(0).standard_normal((30, 8))
+    assert parity.topk_agreement(ref, ref, 10) == 1.0
+    assert parity.topk_agreement(ref[:1], ref[:1], 10) is None  # nothing to rank
+    assert parity.topk_agreement(ref, ref[::-1].copy(), 10) < 0.5  # features attached to the wrong images
+
+
+def test_compare_reports_shape_and_non_finite_instead_of_numbers():
+    ref = np.ones((4, 3))
+    assert "error" in parity.compare(ref, np.ones((4, 2)))
+    bad = ref.copy()
+    bad[1, 2] = np.nan
+    m = parity.compare(ref, bad)
+    assert "non-finite" in m["error"]
+    assert parity.gate_failures(m, "fp16", **GATES) == [m["error"]]
+
+
+def test_fp32_gates():
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((16, 32))
+    assert parity.gate_failures(parity.compare(ref, ref + 1e-6), "fp32", **GATES) == []
+    fails = parity.gate_failures(parity.compare(ref, ref + 1e-3), "fp32", **GATES)
+    assert len(fails) == 1 and fails[0].startswith("max_abs")  # cosine is still ~1: only max abs catches it
+
+
+def test_fp16_gates():
+    rng = np.random.default_rng(2)
+    ref = rng.standard_normal((40, 32))
+    near = ref * (1 + 1e-3 * rng.standard_normal(ref.shape))
+    assert parity.gate_failures(parity.compare(ref, near), "fp16", **GATES) == []
+    far = ref + 0.05 * np.abs(ref).mean() * rng.standard_normal(ref.shape)
+    fails = parity.gate_failures(parity.compare(ref, far), "fp16", **GATES)
+    assert any(f.startswith("worst_rel_l2") for f in fails)
+    shuffled = ref.copy()
+    shuffled[[0, 1]] = shuffled[[1, 0]]  # two images' features swapped: each still "close" to some reference row
+    fails = parity.gate_failures(parity.compare(ref, shuffled), "fp16", **GATES)
+    assert any(f.startswith("worst_rel_l2") for f in fails)
+    with pytest.raises(ValueError):
+        parity.gate_failures(parity.compare(ref, ref), "int8", **GATES)
+
+
+def test_rgb_bgr_swap_keeps_cosine_high_but_fails_the_gates():
+    """The issue's point: on a random-init ResNet a channel swap still looks "similar" by cosine."""
+    torch.manual_seed(0)
+    backbone, _ = build_backbone("resnet18", small_stem=True)
+    enc = Encoder(backbone, MEAN, STD).eval()
+    x = make_synthetic(24, 16, seed=0).images.float()  # coloured textures
+    with torch.no_grad():
+        ref, swapped = enc(x).numpy(), enc(x.flip(1)).numpy()
+    m = parity.compare(ref, swapped)
+    assert m["worst_cosine"] > 0.95
+    fp16 = parity.gate_failures(m, "fp16", **GATES)
+    assert any(f.startswith("worst_rel_l2") for f in fp16), m
+    assert parity.gate_failures(m, "fp32", **GATES)
