@@ -46,20 +46,152 @@ def _pretrain_command():
     @click.option("--config", "config_file", type=click.Path(), help="YAML file with any of the options below.")
     @click.option("--out", "--run", "out", type=click.Path(), default=None, help="run directory [default: runs/default]")
     @click.option("--resume", is_flag=True, help="continue the run in --out from checkpoints/last.pt, exactly")
+    @click.option("--gpus", type=int, default=None, help=GPUS_HELP)
     @one_line_errors
-    def pretrain(config_file, out, resume, **overrides):
+    def pretrain(config_file, out, resume, gpus, **overrides):
         """Self-supervised pretraining (SimCLR, BYOL or MoCo v3) into a run directory."""
         from pipeline.rundir import DEFAULT_RUN
+        from stages import distributed
         from stages import pretrain as stage
 
         run_dir = Path(out) if out else DEFAULT_RUN
         if out is None:
             click.echo(f"using run {run_dir}")
-        cfg = stage.config_for_run(config_file, overrides, run_dir, resume)
+        cfg = stage.config_for_run(config_file, overrides, run_dir, resume)  # a bad option fails here, once
+        if gpus is not None and gpus != 1 and not distributed.launched():
+            args = ["pretrain", *as_flags(overrides), "--out", str(run_dir)]
+            args += (["--config", config_file] if config_file else []) + (["--resume"] if resume else [])
+            sys.exit(distributed.launch(gpus, args, cfg.device))
         stage.run(cfg, run_dir, resume=resume, say=click.echo)
 
 
+GPUS_HELP = ("run N processes, one per GPU, through torchrun (what `torchrun --nproc-per-node N -m pipeline ...` "
+             "does); with --device cpu, N CPU processes over gloo")
+
+
+def as_flags(overrides: dict) -> list[str]:
+    """Parsed options back as command-line flags: what --gpus hands to each process torchrun starts."""
+    flags = []
+    for name, value in overrides.items():
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{flag}" if value else f"--no-{flag}")
+        elif value is not None:
+            flags += [f"--{flag}", str(value)]
+    return flags
+
+
 _pretrain_command()
+
+
+def _bench_command():
+    from pipeline.config import options_from
+    from stages.bench import BenchConfig
+
+    @main.command("bench")
+    @options_from(BenchConfig)
+    @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the table")
+    @click.option("--gpus", type=int, default=None, help=GPUS_HELP)
+    @one_line_errors
+    def bench(as_json, gpus, **overrides):
+        """Training throughput: end to end vs the model-step ceiling on ready tensors, data wait, peak memory."""
+        import json
+
+        from pipeline.config import load_config
+        from stages import bench as stage
+        from stages import distributed
+
+        cfg = load_config(BenchConfig, None, overrides)
+        if gpus is not None and gpus != 1 and not distributed.launched():
+            sys.exit(distributed.launch(gpus, ["bench", *as_flags(overrides), *(["--json"] if as_json else [])], cfg.device))
+        result = stage.run(cfg)
+        if distributed.env_rank() == 0:
+            click.echo(json.dumps(result) if as_json else stage.format_table(result))
+
+
+_bench_command()
+
+
+def _linear_eval_command():
+    from pipeline.config import options_from
+    from stages.linear_eval import EvalConfig
+
+    @main.command("linear-eval")
+    @options_from(EvalConfig)
+    @click.option("--config", "config_file", type=click.Path(), help="YAML file with any of the options below.")
+    @click.option("--run", "run", type=click.Path(), default=None, help="run directory [default: runs/default]")
+    @one_line_errors
+    def linear_eval(config_file, run, **overrides):
+        """Linear probe and kNN on the run's frozen backbone, beside the same backbone at random init."""
+        from pipeline.config import load_config
+        from pipeline.rundir import resolve_run
+        from stages import linear_eval as stage
+
+        run_dir = resolve_run(run, say=click.echo)
+        cfg = load_config(EvalConfig, config_file, overrides)
+        click.echo(stage.format_table(stage.run(cfg, run_dir, say=click.echo)))
+
+
+_linear_eval_command()
+
+
+def _export_commands():
+    """strip -> trace -> export: the product an app ships (stages/strip.py, stages/trace.py, stages/convert.py)."""
+    from export.formats import describe_table
+    from pipeline.config import options_from
+    from stages.convert import ExportConfig
+    from stages.strip import StripConfig
+    from stages.trace import TraceConfig
+
+    def stage_command(name, config_cls, module, help_, epilog=None):
+        @main.command(name, help=help_, epilog=epilog)
+        @options_from(config_cls)
+        @click.option("--config", "config_file", type=click.Path(), help="YAML file with any of the options below.")
+        @click.option("--run", "run", type=click.Path(), default=None, help="run directory [default: runs/default]")
+        @one_line_errors
+        def command(config_file, run, **overrides):
+            import importlib
+
+            from pipeline.config import load_config
+            from pipeline.rundir import resolve_run
+
+            run_dir = resolve_run(run, say=click.echo)
+            cfg = load_config(config_cls, config_file, overrides)
+            importlib.import_module(module).run(cfg, run_dir, say=click.echo)
+
+    stage_command("strip", StripConfig, "stages.strip",
+                  "Backbone only (no projection/prediction head, no momentum network) + preprocessing -> RUN/export/encoder.pt.")
+    stage_command("trace", TraceConfig, "stages.trace",
+                  "The Encoder (pixels 0..255 -> normalise -> backbone -> L2) as one graph: torch.export, else jit.trace.")
+    stage_command("export", ExportConfig, "stages.convert",
+                  "Core ML (.mlpackage, .mlmodel) and ONNX from the trace, metadata inside, sidecar encoder.json.",
+                  epilog="\b\nFormats (format, --to, file, precisions, options):\n" + describe_table())
+
+
+_export_commands()
+
+
+def _validate_command():
+    from pipeline.config import options_from
+    from stages.validate import ValidateConfig
+
+    @main.command("validate")
+    @options_from(ValidateConfig)
+    @click.option("--config", "config_file", type=click.Path(), help="YAML file with any of the options below.")
+    @click.option("--run", "run", type=click.Path(), default=None, help="run directory [default: runs/default]")
+    @one_line_errors
+    def validate(config_file, run, **overrides):
+        """Run every exported artifact (.mlpackage, .mlmodel, ONNX) on the val images and compare with PyTorch;
+        fails naming the artifact and the metric. Writes RUN/validate/parity.json."""
+        from pipeline.config import load_config
+        from pipeline.rundir import resolve_run
+        from stages import validate as stage
+
+        run_dir = resolve_run(run, say=click.echo)
+        stage.run(load_config(ValidateConfig, config_file, overrides), run_dir, say=click.echo)
+
+
+_validate_command()
 
 
 @main.command("doctor")

@@ -8,6 +8,7 @@ sees the same views as an uninterrupted one.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -90,12 +91,20 @@ def sample_params(n: int, recipe: ViewRecipe, src_size: int, g: torch.Generator)
         "contrast": u(1 - recipe.contrast, 1 + recipe.contrast).float(),
         "saturation": u(1 - recipe.saturation, 1 + recipe.saturation).float(),
         "hue": u(-recipe.hue, recipe.hue).float(),
-        "jitter_order": torch.stack([torch.randperm(4, generator=g) for _ in range(n)]) if n else torch.empty(0, 4, dtype=torch.long),
+        "jitter_order": _orders(n, g),
         "gray": torch.rand(n, generator=g) < recipe.gray_p,
         "blur": torch.rand(n, generator=g) < recipe.blur_p,
         "sigma": u(*recipe.blur_sigma).float(),
         "solarize": torch.rand(n, generator=g) < recipe.solarize_p,
     }
+
+
+def _orders(n: int, g: torch.Generator) -> torch.Tensor:
+    """n random orders of the 4 jitter ops. One row (the CPU path) is one randperm; a batch (the device path) is
+    argsort of uniform draws, an equally uniform permutation in one call instead of n interpreter-level calls."""
+    if n == 1:
+        return torch.randperm(4, generator=g)[None]
+    return torch.rand(n, 4, generator=g).argsort(1)
 
 
 def apply_view(img: torch.Tensor, p: dict[str, torch.Tensor], i: int, out_size: int) -> torch.Tensor:
@@ -148,12 +157,20 @@ class TwoViewDataset(torch.utils.data.Dataset):
         return views[0], views[1]
 
 
+@functools.lru_cache(maxsize=None)
+def device_constant(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """A small constant tensor, made once per device: `torch.tensor(..., device=cuda)` copies from pageable host
+    memory, and such a copy first waits for all queued GPU work, stalling the pipeline every batch. Never modify
+    the result in place: it is shared."""
+    return torch.tensor(values, device=device)
+
+
 def normalize(x_uint8_or_float: torch.Tensor, device: torch.device) -> torch.Tensor:
     """uint8 (0..255) or float (0..1) NCHW -> normalised float32 on `device`."""
     x = x_uint8_or_float.to(device, non_blocking=True)
     x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+    mean = device_constant(MEAN, x.device).view(1, 3, 1, 1)
+    std = device_constant(STD, x.device).view(1, 3, 1, 1)
     return (x - mean) / std
 
 
@@ -172,10 +189,15 @@ def epoch_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[i
 
 
 def cpu_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
-                     start_batch: int, device: torch.device, num_workers: int):
-    """Yield (x1, x2) normalised float batches on `device` for one epoch, from batch `start_batch` on.
-    Per-sample augmentation runs in DataLoader workers; this is the reference path and the CPU fallback."""
-    batches = epoch_batches(images.shape[0], batch_size, seed, epoch)[start_batch:]
+                     start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
+                     channels_last: bool = False):
+    """Yield (x1, x2) normalised float batches on `device` for one epoch, from batch `start_batch` on; this
+    process's share (rank of world) of each global batch. Per-sample augmentation runs in DataLoader workers;
+    this is the reference path and the CPU fallback."""
+    rank, world = shard
+    per_rank = batch_size // world
+    batches = [b[rank * per_rank:(rank + 1) * per_rank]
+               for b in epoch_batches(images.shape[0], batch_size, seed, epoch)[start_batch:]]
     if not batches:
         return
     ds = TwoViewDataset(images, recipes, out_size, seed, epoch)
@@ -184,5 +206,31 @@ def cpu_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: i
         pin_memory=device.type == "cuda",  # pinned memory is a CUDA concept; elsewhere it only costs
         prefetch_factor=4 if num_workers > 0 else None,
     )
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
     for v1, v2 in loader:
-        yield normalize(v1, device), normalize(v2, device)
+        yield normalize(v1, device).contiguous(memory_format=fmt), normalize(v2, device).contiguous(memory_format=fmt)
+
+
+AUGMENT_MODES = ("auto", "cpu", "device")
+
+
+def augment_mode(requested: str, device: torch.device) -> str:
+    """auto: on the training device when it is an accelerator (CPU workers cannot keep a GPU fed: issue 6's
+    measurement), in CPU workers otherwise (the reference path, and on a CPU it is the same silicon anyway)."""
+    if requested == "auto":
+        return "device" if device.type in ("cuda", "mps") else "cpu"
+    return requested
+
+
+def view_batches(mode: str, images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
+                 start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
+                 channels_last: bool = False):
+    """The one place training batches come from: (x1, x2) per step, by the CPU path or the device path
+    (stages/device_augment.py); mode is `augment_mode`'s answer."""
+    if mode == "device":
+        from stages.device_augment import device_view_batches
+
+        return device_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device,
+                                   shard, channels_last)
+    return cpu_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device, num_workers,
+                            shard, channels_last)

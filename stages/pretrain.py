@@ -2,6 +2,9 @@
 
 setup (config, data, split, model, optimizer) -> train (steps, logs, checkpoints) -> done. Writes into RUN_DIR:
 config.yaml, split.json, skipped.txt (if any), metrics.jsonl, checkpoints/last.pt (+ epoch_NNNN.pt every N epochs).
+
+Several processes (torchrun, or `pipeline pretrain --gpus N`): batch_size is the global batch, each rank trains on
+its share of every step's images (stages/distributed.py), gradients are averaged by DDP, and rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from tqdm import tqdm
 
 from pipeline import __version__, rundir
 from pipeline.config import load_config, opt, to_dict
 from pipeline.device import precision_for, select_device
 from pipeline.errors import PipelineError
-from stages import augment
+from stages import augment, distributed
 from stages.backbones import BACKBONES, build_backbone, min_image_size, uses_small_stem
 from stages.data import load_data, make_split
 from stages.methods import METHODS
@@ -41,7 +45,7 @@ class PretrainConfig:
     image_size: int = opt(32, "training crop side in pixels; 32 keeps the CPU default run within minutes")
     store_size: int = opt(0, "side at which images are decoded and kept; 0 = image size for array datasets, 8/7 x for folders")
     epochs: int = opt(10, "passes over the train split")
-    batch_size: int = opt(128, "images per step (each gives two views)")
+    batch_size: int = opt(128, "global batch: images per step over all processes (each of N GPUs takes batch/N; each image gives two views)")
     lr: float | None = opt(None, "base learning rate per 256 images; None = the method's paper value")
     lr_scaling: str = opt("linear", "peak lr = lr x batch/256 (linear, as the papers) or lr x sqrt(batch/256)", choices=("linear", "sqrt", "none"))
     optimizer: str | None = opt(None, "None = the method's paper optimizer (LARS)", choices=("lars", "sgd", "adamw"))
@@ -56,11 +60,16 @@ class PretrainConfig:
     val_fraction: float = opt(0.1, "held out for evaluation, never trained on (CIFAR uses its own test set)")
     device: str = opt("auto", "auto picks mps > cuda > cpu", choices=("auto", "cpu", "cuda", "mps"))
     precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU; fp32 everywhere to debug", choices=("auto", "fp32"))
-    num_workers: int = opt(-1, "augmentation workers; -1 = one per spare core, up to 8")
+    num_workers: int = opt(-1, "augmentation workers (cpu augment); -1 = one per spare core, up to 8")
+    augment: str = opt("auto", "where views are made: device = batched on the training GPU, cpu = per image in DataLoader workers (the reference); auto = device on cuda/mps", choices=augment.AUGMENT_MODES)
+    channels_last: str = opt("auto", "NHWC memory format: about 2x faster bf16 convs on CUDA tensor cores; auto = on for CUDA only", choices=("auto", "on", "off"))
+    compile: bool = opt(False, "torch.compile the backbone: off by default, it was slower than eager in issue 6's H200 measurement and takes minutes to compile")
+    sync_bn: bool = opt(False, "several GPUs: BatchNorm statistics over the global batch (SimCLR's choice), at one all-reduce per BN layer; CUDA only")
     seed: int = opt(0, "seeds init, split, order and every augmentation draw")
     max_steps: int = opt(0, "stop after this many total steps (0 = run all epochs); the schedule still spans all epochs")
     log_every: int = opt(10, "steps between metrics.jsonl lines")
     save_every: int = opt(0, "also keep checkpoints/epoch_NNNN.pt every N epochs (0 = only last.pt)")
+    knn_every: int = opt(0, "kNN top-1 of val against train into metrics.jsonl every N epochs (0 = off: costs a pass over the data)")
 
 
 def resolve(cfg: PretrainConfig) -> PretrainConfig:
@@ -148,16 +157,93 @@ def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) ->
     return resolve(load_config(PretrainConfig, config_file, overrides))
 
 
+def use_channels_last(choice: str, device: torch.device) -> bool:
+    return choice == "on" or (choice == "auto" and device.type == "cuda")
+
+
+def keep_on_device(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The uint8 train set on the training device when it takes at most a quarter of the free memory there (no
+    host work or copy per step then); otherwise it stays on the host and each batch's images are copied over."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        fits = images.numel() <= free // 4
+    elif device.type == "mps" and hasattr(torch.mps, "recommended_max_memory"):
+        fits = images.numel() <= torch.mps.recommended_max_memory() // 4
+    else:
+        fits = device.type == "cpu"
+    return images.to(device) if fits else images
+
+
+@dataclass
+class Training:
+    """What one optimisation step needs. `run` and stages/bench.py both use it, so the benchmark times the very
+    step that training runs."""
+
+    model: torch.nn.Module  # the method module: state_dict, after_step
+    forward: torch.nn.Module  # the model, or its DistributedDataParallel wrapper with several processes
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    precision: object
+    total_steps: int
+    channels_last: bool
+
+
+def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: int) -> tuple[Training, int]:
+    """Model (memory format, SyncBN, compile, DDP), optimizer, schedule, scaler for this process; (training, feat_dim)."""
+    model, feat_dim = build_model(cfg)
+    model.to(device)
+    channels_last = use_channels_last(cfg.channels_last, device)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # shapes never change: cuDNN times its conv algorithms once, then reuses the fastest
+    world = distributed.world_size()
+    if world > 1 and cfg.sync_bn:
+        if device.type != "cuda":
+            raise PipelineError("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU kernel (drop --sync-bn on CPU)")
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if cfg.compile:
+        model.backbone.compile()  # in place: state_dict keys stay those of the plain module
+    total_steps = steps_per_epoch * cfg.epochs
+    optimizer = build_optimizer(cfg.optimizer, model.parameters(), peak_lr(cfg), cfg.weight_decay)
+    scheduler = warmup_cosine(optimizer, round(cfg.warmup_epochs * steps_per_epoch), total_steps)
+    precision = precision_for(device, cfg.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
+    forward = model
+    if world > 1:
+        forward = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last), feat_dim
+
+
+def train_step(t: Training, x1: torch.Tensor, x2: torch.Tensor, step: int) -> torch.Tensor:
+    """One optimisation step (step = steps done before it). Returns the loss averaged over processes, detached and
+    still on the device: reading it waits for the GPU, so the caller chooses when (the loop reads it a step late)."""
+    loss = t.forward(x1, x2, t.precision)
+    t.optimizer.zero_grad(set_to_none=True)
+    t.scaler.scale(loss).backward()
+    t.scaler.step(t.optimizer)
+    t.scaler.update()
+    t.scheduler.step()
+    t.model.after_step((step + 1) / t.total_steps)
+    return distributed.mean(loss)
+
+
 def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> dict:
     validate(cfg)
-    device = select_device(cfg.device)
-    precision = precision_for(device, cfg.precision)
+    device = distributed.setup(select_device(cfg.device))
+    rank, world = distributed.rank(), distributed.world_size()
+    main = rank == 0
+    if not main:
+        say = lambda *a, **k: None  # noqa: E731  rank 0 alone talks and writes
+    if cfg.batch_size % world:
+        raise PipelineError(f"batch size {cfg.batch_size} does not split over {world} processes: use a multiple of {world}")
     seed_everything(cfg.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
 
     # --- data and split
     data = load_data(cfg.data, store_size_for(cfg), seed=cfg.seed)
-    if data.skipped:
+    if data.skipped and main:
         rundir.write_text_atomic(run_dir / rundir.SKIPPED, "".join(f"{f}\t{why}\n" for f, why in data.skipped))
         say(f"warning: skipped {len(data.skipped)} unreadable or non-image files (listed in {run_dir / rundir.SKIPPED})")
     split = make_split(data, cfg.val_fraction, cfg.seed)
@@ -170,18 +256,23 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     if cfg.batch_size > len(train_images):
         raise PipelineError(f"batch size {cfg.batch_size} is larger than the {len(train_images)} training images of {cfg.data}")
 
+    mode = augment.augment_mode(cfg.augment, device)
+    if mode == "device":
+        train_images = keep_on_device(train_images, device)
+
     # --- model, optimizer, schedule
-    model, feat_dim = build_model(cfg)
-    model.to(device)
     steps_per_epoch = len(train_images) // cfg.batch_size
-    total_steps = steps_per_epoch * cfg.epochs
+    training, feat_dim = build_training(cfg, device, steps_per_epoch)
+    model, optimizer, scheduler, scaler = training.model, training.optimizer, training.scheduler, training.scaler
+    total_steps = training.total_steps
     lr = peak_lr(cfg)
-    optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr, cfg.weight_decay)
-    scheduler = warmup_cosine(optimizer, round(cfg.warmup_epochs * steps_per_epoch), total_steps)
-    scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
     step = 0
     if resume:
         ckpt = rundir.load_checkpoint(run_dir / rundir.LAST_CHECKPOINT)
+        trained_on = ckpt.get("meta", {}).get("world_size", 1)
+        if trained_on != world:
+            raise PipelineError(f"--resume: {run_dir} was trained by {trained_on} process(es), this is {world}: "
+                                f"resume with --gpus {trained_on}")
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
@@ -189,17 +280,25 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
         _set_rng_state(ckpt["rng"])
         step = ckpt["step"]
         say(f"resuming {run_dir} at step {step} (epoch {step // steps_per_epoch})")
-    else:
+    elif main:
         rundir.write_json_atomic(split_path, split)
         (run_dir / rundir.METRICS).unlink(missing_ok=True)
-    rundir.write_yaml_atomic(run_dir / rundir.CONFIG, to_dict(cfg))
+    # The header states what the numbers below meant for this run (YAML ignores it when the file is read back).
+    lr_rule = {"linear": f"x {cfg.batch_size}/256", "sqrt": f"x sqrt({cfg.batch_size}/256)", "none": "(unscaled)"}[cfg.lr_scaling]
+    header = (f"# {world} process(es) x {cfg.batch_size // world} images per process = global batch {cfg.batch_size}; "
+              f"peak lr {lr:.6g} = lr {cfg.lr} {lr_rule} ({cfg.lr_scaling} scaling)\n")
+    if main:
+        rundir.write_text_atomic(run_dir / rundir.CONFIG, header + yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
     meta = {"method": cfg.method, "backbone": cfg.backbone, "feat_dim": feat_dim, "image_size": cfg.image_size,
             "small_stem": uses_small_stem(cfg.small_stem, cfg.image_size), "mean": list(augment.MEAN),
             "std": list(augment.STD), "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
-            "peak_lr": lr, "pipeline_version": __version__}
+            "peak_lr": lr, "pipeline_version": __version__, "world_size": world,
+            "per_process_batch": cfg.batch_size // world, "global_batch": cfg.batch_size, "lr_scaling": cfg.lr_scaling}
 
     def save(path: Path, epoch_done: int) -> None:
+        if not main:
+            return
         rundir.torch_save_atomic({
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(), "step": step, "epochs_done": epoch_done, "rng": _rng_state(),
@@ -211,48 +310,70 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     recipes = augment.recipes_for(cfg.method, cfg.image_size)
     workers = default_workers(cfg.num_workers)
     say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(train_images)} train images, "
-        f"{steps_per_epoch} steps/epoch, {total_steps} steps, device {device}, peak lr {lr:.4g}")
+        f"{steps_per_epoch} steps/epoch, {total_steps} steps, device {device} x {world}, augment {mode}, "
+        f"channels_last {training.channels_last}, peak lr {lr:.4g}")
     model.train()
-    bar = tqdm(total=stop_at, initial=step, desc="pretrain", unit="step", dynamic_ncols=True, disable=None)
+    bar = tqdm(total=stop_at, initial=step, desc="pretrain", unit="step", dynamic_ncols=True, disable=None if main else True)
     last_loss = float("nan")
-    window_imgs, window_wait, window_t0 = 0, 0.0, time.perf_counter()
+    knn_monitor = None  # built at the first monitored epoch
+    waited = 0.0  # host seconds spent waiting for batches, since the start
+    window = (step, time.perf_counter(), waited)  # where the current log window began: step, clock, waited
+    # Each step's loss is looked at (NaN check, log line) one step late: reading it at once would make the host
+    # wait for the GPU to finish the step, leaving the GPU idle while the next step is queued.
+    pending = None
+
+    def look(done: tuple) -> None:
+        nonlocal last_loss, window
+        at, epoch_of, loss_t, lr_now, clock, waited_then = done
+        value = float(loss_t)
+        if not math.isfinite(value):
+            raise PipelineError(f"loss became {value} at step {at}: stopped; the last good checkpoint "
+                                f"{run_dir / rundir.LAST_CHECKPOINT} is kept (try a lower --lr or --precision fp32)")
+        last_loss = value
+        if (at + 1) % cfg.log_every == 0 or at + 1 == stop_at:
+            dt = max(clock - window[1], 1e-9)
+            rec = {"step": at + 1, "epoch": epoch_of, "loss": value, "lr": lr_now,
+                   "img_s": (at + 1 - window[0]) * cfg.batch_size / dt, "data_wait": (waited_then - window[2]) / dt}
+            if main:
+                rundir.append_jsonl(run_dir / rundir.METRICS, rec)
+            bar.set_postfix(loss=f"{value:.4f}", img_s=f"{rec['img_s']:.0f}", wait=f"{100 * rec['data_wait']:.0f}%")
+            window = (at + 1, clock, waited_then)
+
     try:
         while step < stop_at:
             epoch, start_batch = divmod(step, steps_per_epoch)
-            views = augment.cpu_view_batches(train_images, recipes, cfg.image_size, cfg.batch_size, cfg.seed,
-                                             epoch, start_batch, device, workers)
+            views = augment.view_batches(mode, train_images, recipes, cfg.image_size, cfg.batch_size, cfg.seed,
+                                         epoch, start_batch, device, workers, (rank, world), training.channels_last)
             t_wait = time.perf_counter()
             for x1, x2 in views:
-                window_wait += time.perf_counter() - t_wait
-                loss = model(x1, x2, precision)
-                if not torch.isfinite(loss):
-                    raise PipelineError(f"loss became {loss.item()} at step {step}: stopped; the last good checkpoint "
-                                        f"{run_dir / rundir.LAST_CHECKPOINT} is kept (try a lower --lr or --precision fp32)")
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-                scheduler.step()
+                waited += time.perf_counter() - t_wait
+                loss = train_step(training, x1, x2, step)
+                if pending is not None:
+                    look(pending)
+                # the clock after queueing a step: on a GPU the host runs at most a step or two ahead of it
+                pending = (step, epoch, loss, scheduler.get_last_lr()[0], time.perf_counter(), waited)
                 step += 1
-                model.after_step(step / total_steps)
-                window_imgs += x1.shape[0]
                 bar.update(1)
-                if step % cfg.log_every == 0 or step == stop_at:
-                    last_loss = loss.item()
-                    dt = time.perf_counter() - window_t0
-                    rec = {"step": step, "epoch": epoch, "loss": last_loss, "lr": scheduler.get_last_lr()[0],
-                           "img_s": window_imgs / dt, "data_wait": window_wait / dt}
-                    rundir.append_jsonl(run_dir / rundir.METRICS, rec)
-                    bar.set_postfix(loss=f"{last_loss:.4f}", img_s=f"{rec['img_s']:.0f}", wait=f"{100 * rec['data_wait']:.0f}%")
-                    window_imgs, window_wait, window_t0 = 0, 0.0, time.perf_counter()
                 if step >= stop_at:
                     break
                 t_wait = time.perf_counter()
+            if pending is not None:
+                look(pending)
+                pending = None
             epochs_done = step // steps_per_epoch
             save(run_dir / rundir.LAST_CHECKPOINT, epochs_done)
             if cfg.save_every and step % steps_per_epoch == 0 and epochs_done % cfg.save_every == 0:
                 save(run_dir / rundir.CHECKPOINTS / f"epoch_{epochs_done:04d}.pt", epochs_done)
+            # Online kNN monitor (stages/knn.py): val queries against the train bank, eval mode, fp32, no RNG drawn.
+            if main and cfg.knn_every > 0 and step % steps_per_epoch == 0 and epochs_done % cfg.knn_every == 0:
+                if knn_monitor is None:
+                    from stages.knn import make_monitor
+                    knn_monitor = make_monitor(data, split, cfg.image_size, device, say) or (lambda backbone: None)
+                top1 = knn_monitor(model.backbone)
+                if top1 is not None:
+                    rundir.append_jsonl(run_dir / rundir.METRICS, {"step": step, "epoch": epochs_done - 1, "knn_top1": top1})
     finally:
         bar.close()
     say(f"done: step {step}/{total_steps}, loss {last_loss:.4f}, checkpoint {run_dir / rundir.LAST_CHECKPOINT}")
-    return {"step": step, "loss": last_loss}
+    distributed.cleanup()
+    return {"step": step, "loss": last_loss, "model": model}

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stages import distributed
 from stages.methods.heads import cosine_momentum, ema_update, frozen_copy, mlp
 
 # The paper's ResNet defaults (and its main_moco.py): 3-layer projector and 2-layer predictor (4096 hidden,
@@ -16,15 +17,17 @@ DEFAULTS = {"temperature": 1.0, "proj_dim": 256, "proj_hidden_dim": 4096, "pred_
             "momentum_base": 0.99, "optimizer": "lars", "lr": 0.6, "weight_decay": 1e-6, "queue_size": 0}
 
 
-def info_nce(q: torch.Tensor, k: torch.Tensor, temperature: float, queue: torch.Tensor | None = None) -> torch.Tensor:
-    """MoCo v3's contrastive loss: row i of q matches row i of k; other keys (and queued keys) are negatives.
+def info_nce(q: torch.Tensor, k: torch.Tensor, temperature: float, queue: torch.Tensor | None = None,
+             first_positive: int = 0) -> torch.Tensor:
+    """MoCo v3's contrastive loss: row i of q matches row first_positive + i of k; other keys (and queued keys)
+    are negatives. k may hold more rows than q: every rank's keys, with this rank's starting at first_positive.
     Scaled by 2 * temperature as in the paper. fp32 with logsumexp (cross_entropy): no overflow."""
     q = F.normalize(q.float(), dim=1)
     k = F.normalize(k.float(), dim=1)
     logits = q @ k.T
     if queue is not None and queue.numel():
         logits = torch.cat([logits, q @ queue.T], dim=1)
-    targets = torch.arange(q.shape[0], device=q.device)
+    targets = torch.arange(q.shape[0], device=q.device) + first_positive
     return F.cross_entropy(logits / temperature, targets) * (2 * temperature)
 
 
@@ -77,10 +80,14 @@ class MoCoV3(nn.Module):
             with precision.heads():
                 hk = hk.float() if precision.head_dtype is None else hk
                 k1, k2 = self.momentum_projector(hk).chunk(2)
+        # Negatives: every rank's keys (the paper's concat_all_gather); this rank's positives start at rank * n.
+        first = distributed.rank() * q1.shape[0]
+        k1, k2 = distributed.gather_with_grad(k1), distributed.gather_with_grad(k2)
         queued = self.queue.keys().clone() if self.queue is not None else None
-        loss = info_nce(q1, k2, self.temperature, queued) + info_nce(q2, k1, self.temperature, queued)
+        loss = (info_nce(q1, k2, self.temperature, queued, first)
+                + info_nce(q2, k1, self.temperature, queued, first))
         if self.queue is not None and self.training:
-            self.queue.push(torch.cat([k1, k2]))
+            self.queue.push(torch.cat([k1, k2]))  # all ranks' keys, so every rank's queue stays identical
         return loss
 
     @torch.no_grad()

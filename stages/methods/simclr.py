@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stages import distributed
 from stages.methods.heads import mlp
 
 # The paper's defaults (the config may override each): 2-layer projector to 128-d, temperature 0.5 for
@@ -15,12 +16,20 @@ DEFAULTS = {"temperature": 0.5, "proj_dim": 128, "proj_hidden_dim": 2048, "optim
 
 def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
     """NT-Xent over 2N embeddings; each row's positive is its other view. Computed in fp32 with logsumexp
-    (cross_entropy) so large logits never overflow, even when the inputs came out of fp16/bf16."""
+    (cross_entropy) so large logits never overflow, even when the inputs came out of fp16/bf16.
+
+    With several processes, z1/z2 are this rank's share of the global batch: its rows are scored against every
+    rank's embeddings (gathered with gradients), so the mean of the ranks' losses is the one-process loss of the
+    global batch, and so is the gradient once DDP averages it."""
     z = F.normalize(torch.cat([z1, z2]).float(), dim=1)
     n = z1.shape[0]
-    logits = z @ z.T / temperature
-    logits.fill_diagonal_(float("-inf"))  # a view is not its own negative
-    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
+    rank, world = distributed.rank(), distributed.world_size()
+    everything = z if world == 1 else torch.cat([distributed.gather_with_grad(z[:n]), distributed.gather_with_grad(z[n:])])
+    logits = z @ everything.T / temperature
+    i = torch.arange(n, device=z.device)  # made on the device: a host index would stall the GPU queue each step
+    own = torch.cat([i, i + n * world]) + rank * n  # each row's own column in `everything`
+    logits[torch.arange(2 * n, device=z.device), own] = float("-inf")  # a view is not its own negative
+    targets = torch.cat([own[n:], own[:n]])
     return F.cross_entropy(logits, targets)
 
 

@@ -1,0 +1,56 @@
+"""Checks and timings of the device augmentation on a CUDA GPU (from the repository root:
+`PYTHONPATH=. python3 benchmarks/gpu_probe.py`).
+
+1. parity: device_augment on CUDA (fp32, and the fp16 it trains with) vs the CPU reference (augment.apply_view),
+   same parameter rows: max |diff| over all pixels;
+2. GPU time of one step's views (both views, whole batch, CUDA events) for issue 6's two configurations, and the
+   top kernels by GPU time (torch.profiler).
+"""
+
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from stages import augment, device_augment
+
+dev = torch.device("cuda")
+g = torch.Generator().manual_seed(0)
+print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, {torch.cuda.device_count()} GPU(s)")
+
+for src, out, method in [(32, 32, "simclr"), (256, 224, "byol")]:
+    imgs = torch.randint(0, 256, (48, 3, src, src), dtype=torch.uint8, generator=g)
+    for v, recipe in enumerate(augment.recipes_for(method, out)):
+        p = augment.sample_params(48, recipe, src, g)
+        ref = torch.stack([augment.apply_view(imgs[i], p, i, out) for i in range(48)])
+        for dtype in (torch.float16,):
+            got = device_augment.apply_views(imgs.to(dev), p, out, dtype).float().cpu()
+            err = (ref - got).abs()
+            print(f"parity {method} {src}->{out} view {v + 1} {str(dtype)[6:]}: max |diff| {err.max():.2e}, mean {err.mean():.2e}")
+
+for method, src, out, batch in [("simclr", 256, 224, 256), ("simclr", 32, 32, 512)]:
+    images = torch.randint(0, 256, (batch * 8, 3, src, src), dtype=torch.uint8, device=dev)
+    recipes = augment.recipes_for(method, out)
+    gen = device_augment.device_view_batches(images, recipes, out, batch, 0, 0, 0, dev, channels_last=True)
+    t0 = time.perf_counter()
+    next(gen)
+    torch.cuda.synchronize()
+    print(f"\n{method} {src}->{out} batch {batch}: first step's views (compiles) {time.perf_counter() - t0:.1f} s")
+    for _ in range(2):
+        next(gen)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        next(gen)
+    end.record()
+    torch.cuda.synchronize()
+    print(f"{method} {src}->{out} batch {batch}: one step's views {start.elapsed_time(end) / 3:.2f} ms (events, host included)")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        next(gen)
+        torch.cuda.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in rows)
+    print(f"  GPU time {total / 1000:.2f} ms; top kernels:")
+    for e in rows[:6]:
+        print(f"  {e.self_device_time_total / 1000:7.3f} ms  x{e.count:<3d} {e.key[:90]}")

@@ -1,0 +1,215 @@
+"""`pipeline bench`: pretraining throughput in one process, end to end and against the model-step ceiling.
+
+For one configuration it reports
+- e2e img/s: the training step (pretrain.train_step) fed by the real batch source (augment.view_batches: the
+  device path, or CPU DataLoader workers with --augment cpu), reading each loss one step late as the loop does;
+- ceiling img/s: the same step on two ready views already on the device (no augmentation, no data movement);
+- ratio = e2e / ceiling; data-wait %: share of the e2e time the host spent waiting for its next batch (for the
+  device path that is the time to draw parameters and queue the augmentation kernels, whose GPU time shows in the
+  ratio instead); augment ms: the batch source alone, per step; peak memory (CUDA: allocated by torch; CPU: the
+  process's peak resident set, DataLoader workers not included).
+Every figure is the median of several timed windows after warm-up; each window starts and ends with a device
+synchronisation, so GPU work is counted in the window that queued it. img/s counts images (each gives two
+views), over all processes. The images are synthetic uint8 noise at the store size (pixel values do not change
+what any op costs), laid out as one epoch long enough that no window crosses an epoch boundary.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.config import opt
+from pipeline.device import select_device
+from pipeline.errors import PipelineError
+from stages import augment, distributed
+from stages.backbones import BACKBONES
+from stages.methods import METHODS
+from stages.pretrain import PretrainConfig, build_training, default_workers, keep_on_device, resolve, train_step, validate
+
+
+@dataclass
+class BenchConfig:
+    method: str = opt("simclr", "SSL method", choices=tuple(METHODS))
+    backbone: str = opt("resnet18", "torchvision ResNet", choices=tuple(BACKBONES))
+    image_size: int = opt(32, "training crop side; 32 = issue 6's first configuration (small stem)")
+    batch_size: int | None = opt(None, "global batch; None = 512 on a GPU, 8 on a CPU (finishes within a minute on 2 cores)")
+    store_size: int = opt(0, "side of the stored images; 0 = the crop side up to 64 px (CIFAR-like), 8/7 of it above (ImageNet-like)")
+    device: str = opt("auto", "auto picks mps > cuda > cpu", choices=("auto", "cpu", "cuda", "mps"))
+    augment: str = opt("auto", "device | cpu (DataLoader workers: the usual recipe); auto = device on cuda/mps", choices=augment.AUGMENT_MODES)
+    num_workers: int = opt(-1, "workers for --augment cpu; -1 = one per spare core, up to 8 (issue 6's usual recipe used 15)")
+    channels_last: str = opt("auto", "NHWC memory format; auto = on for CUDA", choices=("auto", "on", "off"))
+    compile: bool = opt(False, "torch.compile the backbone (compile time stays in the warm-up)")
+    precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU", choices=("auto", "fp32"))
+    warmup: int | None = opt(None, "untimed steps before each phase (cuDNN autotuning, allocator growth, worker start); None = 10 on a GPU, 1 on a CPU")
+    windows: int | None = opt(None, "timed windows per phase, median reported; None = 5 on a GPU, 3 on a CPU")
+    window_steps: int | None = opt(None, "steps per window; None = 20 on a GPU, 1 on a CPU")
+    seed: int = opt(0, "seeds init and augmentation draws")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+SETTLE_WINDOWS = 3  # on a GPU, at most this many extra untimed windows until two in a row agree within 5 %
+
+
+def _windows(step, warmup: int, windows: int, steps: int, device: torch.device) -> list[tuple[float, float]]:
+    """Run `step` (returns host seconds spent waiting for data) warmup times; on a GPU, then untimed windows until
+    the rate settles (allocator pools, compile workers and clocks take a while after the first steps: seen on an
+    H200, where a fixed warm-up left the first windows of a run slower); then `windows` timed windows of `steps`
+    calls. Returns (seconds, waited seconds) per timed window."""
+    def window() -> tuple[float, float]:
+        _sync(device)
+        t0, waited = time.perf_counter(), 0.0
+        for _ in range(steps):
+            waited += step()
+        _sync(device)
+        return time.perf_counter() - t0, waited
+
+    for _ in range(warmup):
+        step()
+    if device.type != "cpu" and warmup:
+        last = window()[0]
+        for _ in range(SETTLE_WINDOWS):
+            now = window()[0]
+            if abs(now - last) <= 0.05 * last:
+                break
+            last = now
+    return [window() for _ in range(windows)]
+
+
+def _peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    if device.type == "mps":
+        return torch.mps.driver_allocated_memory() / 2**30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def run(cfg: BenchConfig, say=print) -> dict:
+    device = distributed.setup(select_device(cfg.device))
+    world, rank = distributed.world_size(), distributed.rank()
+    gpu = device.type != "cpu"
+    batch = cfg.batch_size if cfg.batch_size is not None else (512 if gpu else 8)
+    warmup = cfg.warmup if cfg.warmup is not None else (10 if gpu else 1)
+    windows = cfg.windows if cfg.windows is not None else (5 if gpu else 3)
+    steps = cfg.window_steps if cfg.window_steps is not None else (20 if gpu else 1)
+    if batch < 2:
+        raise PipelineError(f"batch size must be at least 2, got {batch}")
+    if batch % world:
+        raise PipelineError(f"batch size {batch} does not split over {world} processes: use a multiple of {world}")
+    if min(warmup, windows - 1, steps - 1) < 0:
+        raise PipelineError("--warmup must be >= 0, --windows and --window-steps >= 1")
+    pcfg = resolve(PretrainConfig(method=cfg.method, backbone=cfg.backbone, image_size=cfg.image_size,
+                                  batch_size=batch, device=cfg.device, precision=cfg.precision, augment=cfg.augment,
+                                  num_workers=cfg.num_workers, channels_last=cfg.channels_last, compile=cfg.compile,
+                                  seed=cfg.seed, epochs=1, warmup_epochs=0.0))
+    validate(pcfg)
+    torch.manual_seed(cfg.seed)
+    store = cfg.store_size or (cfg.image_size if cfg.image_size <= 64 else round(cfg.image_size * 8 / 7))
+    if store < cfg.image_size:
+        raise PipelineError(f"store size {store} is smaller than image size {cfg.image_size}")
+    mode = augment.augment_mode(cfg.augment, device)
+    settle = (SETTLE_WINDOWS + 1) * steps if gpu and warmup else 0
+    batches = warmup + settle + (windows + 1) * steps  # e2e warm-up, settling, windows, then the augment-only window
+    # A pool of distinct noise images tiled to one long epoch: generating every image would take longer than the run.
+    pool = torch.randint(0, 256, (min(batch, 1024), 3, store, store), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(cfg.seed))
+    images = pool.repeat(-(-batch * batches // pool.shape[0]), 1, 1, 1)[: batch * batches]
+    if mode == "device":
+        images = keep_on_device(images, device)
+    training, _ = build_training(pcfg, device, steps_per_epoch=2 * batches)  # schedule spans both phases
+    training.model.train()
+    per_rank = batch // world
+    fmt = torch.channels_last if training.channels_last else torch.contiguous_format
+    state = {"step": 0, "last": None}
+
+    def fed(x1, x2) -> None:
+        loss = train_step(training, x1, x2, state["step"])
+        if state["last"] is not None:
+            float(state["last"])  # the loop reads each loss one step late; so does the benchmark
+        state["step"] += 1
+        state["last"] = loss
+
+    # ceiling: two ready views on the device, the same step
+    ready = [torch.randn(per_rank, 3, cfg.image_size, cfg.image_size, device=device).contiguous(memory_format=fmt)
+             for _ in range(2)]
+
+    def ceiling_step() -> float:
+        fed(*ready)
+        return 0.0
+
+    _reset_peak(device)
+    ceiling = _windows(ceiling_step, warmup, windows, steps, device)
+    ceiling_peak = _peak_memory_gib(device)
+
+    # end to end: the real batch source
+    recipes = augment.recipes_for(cfg.method, cfg.image_size)
+    source = iter(augment.view_batches(mode, images, recipes, cfg.image_size, batch, cfg.seed, 0, 0, device,
+                                       default_workers(cfg.num_workers), (rank, world), training.channels_last))
+
+    def e2e_step() -> float:
+        t0 = time.perf_counter()
+        x1, x2 = next(source)
+        waited = time.perf_counter() - t0
+        fed(x1, x2)
+        return waited
+
+    _reset_peak(device)
+    e2e = _windows(e2e_step, warmup, windows, steps, device)
+    e2e_peak = _peak_memory_gib(device)
+
+    def augment_only() -> float:
+        next(source)
+        return 0.0
+
+    aug = _windows(augment_only, 0, 1, steps, device)
+    source.close()  # stops DataLoader workers, if any
+
+    def img_s(ws):
+        return [batch * steps / t for t, _ in ws]
+
+    e2e_rate, ceiling_rate = statistics.median(img_s(e2e)), statistics.median(img_s(ceiling))
+    result = {
+        "method": cfg.method, "backbone": cfg.backbone, "image_size": cfg.image_size, "store_size": store,
+        "batch_size": batch, "per_process_batch": per_rank, "processes": world, "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+        "augment": mode, "num_workers": default_workers(cfg.num_workers) if mode == "cpu" else 0,
+        "channels_last": training.channels_last, "compile": cfg.compile,
+        "precision": "fp32" if training.precision.backbone_dtype is None else str(training.precision.backbone_dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "e2e_img_s": round(e2e_rate, 2), "ceiling_img_s": round(ceiling_rate, 2),
+        "ratio": round(e2e_rate / ceiling_rate, 4),
+        "data_wait_pct": round(100 * statistics.median(w / t for t, w in e2e), 2),
+        "augment_ms_per_step": round(1000 * aug[0][0] / steps, 3),
+        "peak_mem_gib": round(e2e_peak, 3), "ceiling_peak_mem_gib": round(ceiling_peak, 3),
+        "windows": {"e2e_img_s": [round(v, 2) for v in img_s(e2e)], "ceiling_img_s": [round(v, 2) for v in img_s(ceiling)]},
+        "warmup": warmup, "window_steps": steps,
+    }
+    distributed.cleanup()
+    return result
+
+
+def format_table(r: dict) -> str:
+    head = (f"{r['method']}/{r['backbone']} {r['image_size']} px, batch {r['batch_size']} "
+            f"({r['processes']} x {r['per_process_batch']}), {r['device_name']}, augment {r['augment']}, "
+            f"channels_last {r['channels_last']}, {r['precision']}")
+    rows = [("end-to-end", f"{r['e2e_img_s']:,.0f} img/s"), ("model-step ceiling", f"{r['ceiling_img_s']:,.0f} img/s"),
+            ("ratio", f"{r['ratio']:.3f}"), ("data wait", f"{r['data_wait_pct']:.1f} %"),
+            ("augment alone", f"{r['augment_ms_per_step']:.2f} ms/step"), ("peak memory", f"{r['peak_mem_gib']:.2f} GiB")]
+    return "\n".join([head] + [f"  {k:<20s}{v}" for k, v in rows])

@@ -1,0 +1,284 @@
+"""Two-view SSL augmentation on the training device: whole batches, uint8 in, per-sample random parameters.
+
+Why not torchvision.transforms.v2 on a batch tensor: a v2 transform draws ONE set of random parameters per call
+and applies it to every image it is given, so a batch would share one crop, one flip and one colour change. SSL
+learns from the variety between the two views of each image, and a shared draw removes most of it. Here row i of
+the parameters that `augment.sample_params` draws is applied to image i, as the CPU reference
+(`augment.apply_view`) does one image at a time; given the same rows the two agree to float rounding
+(tests/stages/test_device_augment.py).
+
+How each op becomes a few whole-batch kernels (no per-image launch, no device-to-host sync):
+- crop + resize + flip: per image, one matrix per axis holding the antialiased triangle filter that
+  `interpolate(..., antialias=True)` uses, restricted to the crop window (a flip reverses the column matrix's
+  rows); two batched matmuls apply them.
+- colour jitter in each image's own random order: 4 rounds; in round r, image i gets op order[i, r].
+  Brightness, contrast and saturation are all y = clamp(a*x + b*grey(x) + c) with per-image a, b, c (c from the
+  image's mean grey, for contrast), so one pass per round serves every image, whichever of the three it gets
+  (a=1, b=c=0 leaves the others exactly as they were). Hue, an HSV round trip, runs only on the images whose turn
+  it is, picked by row indices known on the host.
+- grayscale and solarize are masks; blur is two batched matmuls with per-image banded Gaussian matrices (reflect
+  padding folded in), on the blurred images only.
+
+The parameters of a batch are drawn on the host by `augment.sample_params` from one generator seeded by
+(seed, epoch, batch): a pure function of the step on every device, so a resumed run sees the same views as an
+uninterrupted one, and N processes each applying their share of the global batch's rows see exactly what one
+process would. The draws differ from the CPU path's (whose generators are per image); the distribution is the
+same. On CUDA the pixels are processed in fp16 (values in [0, 1], error ~5e-4, well under one uint8 step, and
+the model then reads them in bf16 anyway), which halves the memory traffic these bandwidth-bound ops cost, and
+the next batch's views are made on a side stream while the current step trains.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import numpy as np
+import torch
+
+from stages import augment
+
+# torchvision's rgb_to_grayscale weights (ITU-R 601), as the CPU path uses them.
+GRAY = (0.2989, 0.587, 0.114)
+# Hue: the HSV->RGB step in closed form, c_n = v - (v - min) * clamp(min(k, 4 - k), 0, 1) with k = (n + h) mod 6,
+# h the hue in sextants and n = 5, 3, 1 for red, green, blue.
+_HUE_N = (5.0, 3.0, 1.0)
+# Hue in sextants from the largest channel: (g-b)/d when red is largest, 2 + (b-r)/d for green, 4 + (r-g)/d for blue.
+_HUE_OFFSET = (0.0, 2.0, 4.0)
+
+
+def batch_seed(seed: int, epoch: int, batch: int) -> int:
+    """Seed of one batch's draws (both views): a pure function of (run seed, epoch, batch index)."""
+    return (augment.view_seed(seed, epoch, batch) * 2 + 1) % (1 << 63)
+
+
+def draw_params(n: int, recipes, src_size: int, seed: int, epoch: int, batch: int) -> tuple[dict, dict]:
+    """Both views' parameters for a batch of n images, drawn on the host (cheap: n rows of numbers)."""
+    g = torch.Generator().manual_seed(batch_seed(seed, epoch, batch))
+    return augment.sample_params(n, recipes[0], src_size, g), augment.sample_params(n, recipes[1], src_size, g)
+
+
+def rows_of(ps: list[dict], rows: slice) -> dict:
+    """The given rows of each view's parameters, views one after another, as numpy arrays (fast on the host)."""
+    return {k: np.concatenate([np.asarray(p[k])[rows] for p in ps]) for k in ps[0]}
+
+
+def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict, np.ndarray]:
+    """Parameter rows -> one float table of per-image numbers (it travels to the device in one copy), its column
+    slices, and the rows to blur (known on the host, so only those are blurred)."""
+    p = {k: np.asarray(v) for k, v in p.items()}
+    m = len(p["flip"])
+    rounds = np.where(p["jitter"][:, None], p["jitter_order"], -1)  # (m, 4): op per round, -1 none
+    factor = np.stack([p["brightness"], p["contrast"], p["saturation"]], 1).astype(np.float64)
+    blend = (rounds >= 0) & (rounds <= 2)
+    a = np.where(blend, np.take_along_axis(factor, np.clip(rounds, 0, 2), 1), 1.0)
+    k = augment.blur_kernel_size(out_size)
+    gauss = np.exp(-0.5 * ((np.arange(k) - k // 2)[None, :] / p["sigma"].astype(np.float64)[:, None]) ** 2)
+    cols = {
+        "crop": p["crop"], "flip": p["flip"],
+        # brightness: a*x; contrast: a*x + (1-a)*mean grey; saturation: a*x + (1-a)*grey(x); others a=1
+        "a": a, "sat": np.where(rounds == 2, 1 - a, 0.0), "con": np.where(rounds == 1, 1 - a, 0.0),
+        "hue_on": rounds == 3, "hue": p["hue"], "gray": p["gray"],
+        "blur": gauss / gauss.sum(1, keepdims=True), "solarize": p["solarize"],
+    }
+    at, parts, width = {}, [], 0
+    for name, values in cols.items():
+        values = np.asarray(values, dtype=np.float64).reshape(m, -1)
+        at[name] = slice(width, width + values.shape[1])
+        width += values.shape[1]
+        parts.append(values)
+    return np.concatenate(parts, 1).astype(np.float32), at, np.flatnonzero(p["blur"])
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device without stalling the host: from pinned memory, a CUDA copy is queued, not waited for (from
+    pageable memory it would wait for all queued GPU work first)."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def resize_matrices(start: torch.Tensor, length: torch.Tensor, flip: torch.Tensor, src_size: int, out_size: int,
+                    dtype: torch.dtype = torch.float32, gain: float = 1.0) -> torch.Tensor:
+    """(k, out, src): row o holds the weights of output pixel o over the source pixels, for a crop of `length`
+    pixels from `start` (output order reversed where `flip`), times `gain`. The filter is PyTorch's antialiased
+    bilinear one (a triangle widened by the downscale factor, clipped to the crop, normalised), so this matches
+    interpolate(antialias=True). Only its few non-zero taps per row are computed, then scattered into the matrix."""
+    dev = start.device
+    scale = (length / out_size)[:, None]
+    support = torch.where(scale >= 1, scale, torch.ones_like(scale))
+    inv = 1.0 / support
+    center = scale * (torch.arange(out_size, device=dev, dtype=torch.float32)[None, :] + 0.5)  # (k, out)
+    taps = math.ceil(2 * max(1.0, src_size / out_size)) + 1  # enough for the widest filter any crop can need
+    pos = torch.floor(center - support + 0.5)[:, :, None] + torch.arange(taps, device=dev)  # (k, out, taps), crop-relative
+    w = (1 - ((pos + 0.5 - center[:, :, None]) * inv[:, :, None]).abs()).clamp_(min=0)
+    w = w * ((pos >= 0) & (pos < length[:, None, None]))
+    w = w * (gain / w.sum(-1, keepdim=True))
+    index = (pos + start[:, None, None]).clamp_(0, src_size - 1).long()  # zero-weight taps may land anywhere valid
+    backwards = flip.bool()[:, None, None]
+    w, index = torch.where(backwards, w.flip(1), w), torch.where(backwards, index.flip(1), index)
+    out = torch.zeros(start.shape[0], out_size, src_size, device=dev, dtype=dtype)
+    return out.scatter_add_(2, index, w.to(dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _reflect_index(size: int, ksize: int, device: torch.device) -> torch.Tensor:
+    """(size, ksize): the source pixel each tap of a centred kernel reads under reflect padding (edge not repeated)."""
+    j = torch.arange(size)[:, None] + torch.arange(ksize)[None, :] - ksize // 2
+    j = torch.where(j < 0, -j, j)
+    return torch.where(j >= size, 2 * (size - 1) - j, j).to(device)
+
+
+def blur_matrices(kernels: torch.Tensor, size: int) -> torch.Tensor:
+    """(k, size, size) banded matrices: B @ column = the column convolved with each row's 1-D kernel (k, ksize)
+    over reflect padding, which is what torchvision's gaussian_blur does along each axis."""
+    k, ksize = kernels.shape
+    index = _reflect_index(size, ksize, kernels.device).expand(k, size, ksize)
+    out = torch.zeros(k, size, size, device=kernels.device, dtype=kernels.dtype)
+    return out.scatter_add_(2, index, kernels[:, None, :].expand(k, size, ksize))
+
+
+def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """torchvision's adjust_hue (RGB->HSV, rotate, back) for k images at once, shift (k,) in turns; fp32 inside
+    (hue divides by channel differences, which fp16 would round too coarsely)."""
+    x = x.float()
+    maxc, largest = x.max(dim=1, keepdim=True)  # ties pick the first channel: red, then green, as torchvision
+    delta = maxc - x.amin(dim=1, keepdim=True)
+    diff = x.roll(-1, 1) - x.roll(-2, 1)  # g-b, b-r, r-g
+    three = torch.arange(3, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+    # Grey pixels (delta 0) get diff 0 here, and any hue gives them back unchanged below.
+    h = (diff / delta.clamp(min=1e-12) + 2 * three).gather(1, largest)
+    k = (h + (6 * shift.float()).view(-1, 1, 1, 1) + (5 - 2 * three)).remainder(6)
+    return maxc - delta * torch.minimum(k, 4 - k).clamp(0, 1)
+
+
+def _grey(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's rgb_to_grayscale, same operations in the same order: (m, 1, H, W)."""
+    return x[:, 0:1].mul(GRAY[0]).add_(x[:, 1:2], alpha=GRAY[1]).add_(x[:, 2:3], alpha=GRAY[2])
+
+
+def colour(x: torch.Tensor, a: torch.Tensor, sat: torch.Tensor, con: torch.Tensor, hue_on: torch.Tensor,
+           hue: torch.Tensor, gray: torch.Tensor) -> torch.Tensor:
+    """Clamp to [0, 1], the 4 jitter rounds, grayscale. x (m, 3, H, W); per image: a, sat, con, hue_on (m, 4),
+    one column per round; hue, gray (m, 1). Every op is computed for every image and a mask or an identity
+    (a=1, sat=con=0) keeps what applies: static shapes, no data-dependent control flow, so on CUDA torch.compile
+    fuses the ~100 elementwise ops into a few passes over the batch (they are bandwidth-bound: passes are cost)."""
+    dtype = x.dtype
+    a, sat, con, hue_on, hue, gray = (t.to(dtype) for t in (a, sat, con, hue_on, hue, gray))
+    x = x.clamp(0, 1)
+    for r in range(4):
+        g = _grey(x)
+        t = torch.addcmul(con[:, r, None, None, None] * g.mean((2, 3), keepdim=True), sat[:, r, None, None, None], g)
+        x = torch.addcmul(t, a[:, r, None, None, None], x).clamp(0, 1)
+        x = torch.where(hue_on[:, r, None, None, None] > 0, shift_hue(x, hue[:, 0]).to(dtype), x)
+    return torch.where(gray[:, :, None, None] > 0, _grey(x).expand_as(x), x)
+
+
+_compiled: dict = {}
+
+
+def _colour(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+    """`colour`, compiled on CUDA (once per shape). If compiling fails (no working Triton, say), it warns once and
+    stays eager: slower, same result."""
+    if x.device.type != "cuda" or _compiled.get("failed"):
+        return colour(x, *params)
+    if "colour" not in _compiled:
+        _compiled["colour"] = torch.compile(colour, dynamic=False, fullgraph=True)
+    try:
+        return _compiled["colour"](x, *params)
+    except Exception as e:  # the compiler stack raises many types; eager is always a correct fallback
+        warnings.warn(f"device augmentation runs eager: torch.compile failed ({type(e).__name__}: {str(e)[:200]})")
+        _compiled["failed"] = True
+        return colour(x, *params)
+
+
+def work_dtype(device: torch.device) -> torch.dtype:
+    """fp16 on CUDA (half the bytes of these bandwidth-bound ops); fp32 elsewhere (the exact reference)."""
+    return torch.float16 if device.type == "cuda" else torch.float32
+
+
+def apply_views(images: torch.Tensor, p: dict, out_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Row i of `p` (host tensors or arrays) applied to images[i] (uint8 m x 3 x S x S on the device); returns
+    m x 3 x out x out in [0, 1] of `dtype`, not normalised, as augment.apply_view would for each image."""
+    dev = images.device
+    m, _, src, _ = images.shape
+    table, at, blur_rows = _plan(p, out_size)
+    t = to_device(torch.from_numpy(table), dev)
+
+    def col(name: str) -> torch.Tensor:
+        return t[:, at[name]]
+
+    # crop + resize + flip, rows first: (Wy @ img rows) then columns @ Wx^T, 1/255 folded into Wx. The image is
+    # laid out (m, S, 3, S) so both passes are plain batched matmuls; the result is a (m, 3, out, out) view.
+    crop, flip = col("crop"), col("flip")[:, 0]
+    wy = resize_matrices(crop[:, 0], crop[:, 2], torch.zeros_like(flip), src, out_size, dtype)
+    wx = resize_matrices(crop[:, 1], crop[:, 3], flip, src, out_size, dtype, gain=1 / 255)
+    rows = images.permute(0, 2, 1, 3).to(dtype, memory_format=torch.contiguous_format).view(m, src, 3 * src)
+    x = torch.bmm(wy, rows).view(m, out_size * 3, src)
+    x = torch.bmm(x, wx.transpose(1, 2)).view(m, out_size, 3, out_size).permute(0, 2, 1, 3)
+    x = _colour(x, col("a"), col("sat"), col("con"), col("hue_on"), col("hue"), col("gray"))
+    if len(blur_rows):
+        sel = to_device(torch.from_numpy(blur_rows), dev)
+        b = blur_matrices(t[sel, at["blur"]], out_size).to(dtype)
+        x.index_copy_(0, sel, torch.matmul(torch.matmul(b[:, None], x.index_select(0, sel)), b.transpose(1, 2)[:, None]))
+    if bool(np.asarray(p["solarize"]).any()):
+        x = torch.where((col("solarize")[:, :, None, None] > 0) & (x >= 0.5), 1 - x, x)
+    return x
+
+
+def normalize(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """(x - mean) / std in one kernel, as fp32, written straight into the memory format the model wants."""
+    scale = 1.0 / augment.device_constant(augment.STD, x.device).view(1, 3, 1, 1)
+    shift = -augment.device_constant(augment.MEAN, x.device).view(1, 3, 1, 1) * scale
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty(x.shape, device=x.device, dtype=torch.float32).contiguous(memory_format=fmt)
+    return torch.addcmul(shift, x, scale, out=out)
+
+
+def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
+                        start_batch: int, device: torch.device, shard: tuple[int, int] = (0, 1),
+                        channels_last: bool = False):
+    """Yield (x1, x2) normalised float batches on `device` for one epoch, from batch `start_batch` on; this
+    process's share (rank of world) of each global batch. `images` may live on the device (no copy per step) or
+    on the host (the batch's images are copied over each step). On CUDA, batch b+1 is made on a side stream
+    while the caller trains on batch b."""
+    rank, world = shard
+    per_rank = batch_size // world
+    rows = slice(rank * per_rank, (rank + 1) * per_rank)
+    src = images.shape[-1]
+    dtype = work_dtype(device)
+    batches = augment.epoch_batches(images.shape[0], batch_size, seed, epoch)
+
+    def make(b: int) -> torch.Tensor:
+        p = rows_of(list(draw_params(batch_size, recipes, src, seed, epoch, b)), rows)
+        idx = torch.as_tensor(batches[b][rows] * 2)  # both views of this rank's images
+        if images.device.type == device.type:
+            batch = images.index_select(0, to_device(idx, device))
+        else:
+            batch = to_device(images[idx], device)
+        return normalize(apply_views(batch, p, out_size, dtype), channels_last)
+
+    if device.type != "cuda":
+        for b in range(start_batch, len(batches)):
+            x = make(b)
+            yield x[:per_rank], x[per_rank:]
+        return
+    side = torch.cuda.Stream(device)
+    ahead = None  # (views, event) of the batch made in advance
+    for b in range(start_batch, len(batches) + 1):
+        made = None
+        if b < len(batches):
+            side.wait_stream(torch.cuda.current_stream(device))  # e.g. the images were just copied on the main stream
+            with torch.cuda.stream(side):
+                x = make(b)
+                done = torch.cuda.Event()
+                done.record(side)
+            made = (x, done)
+        if ahead is not None:
+            x, done = ahead
+            main = torch.cuda.current_stream(device)
+            main.wait_event(done)
+            x.record_stream(main)  # the allocator must not reuse it before the main stream is done with it
+            yield x[:per_rank], x[per_rank:]
+        ahead = made

@@ -1,0 +1,128 @@
+"""Several training processes: one per GPU (NCCL), or CPU processes (gloo) so the same code is tested anywhere.
+
+`torchrun --nproc-per-node N -m pipeline pretrain ...` sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT; `setup` joins the group from them, and `pipeline pretrain --gpus N` runs exactly that command.
+Without those variables everything here is the identity: one process, rank 0 of 1, no collectives.
+
+The global batch is split evenly: rank r trains on rows r*B/N .. (r+1)*B/N of every global batch, whose order
+and augmentation draws depend only on (seed, epoch, step). So N processes see exactly the views one process
+would, and the contrastive losses gather every rank's embeddings (`gather_with_grad`) so each rank's
+negatives are the whole global batch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from pipeline.errors import PipelineError
+
+# torch >= 2.13 flags torch.distributed.nn.functional.all_gather as deprecated in favour of a private module
+# (torch.distributed._functional_collectives) that older torch versions the project supports lack; the public
+# function works on all of them.
+warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_gather is deprecated")
+
+
+def launched() -> bool:
+    """True inside a process started by torchrun with more than one process."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def env_rank() -> int:
+    """This process's rank as torchrun set it (0 outside torchrun); valid before and after the group exists."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if active() else 1
+
+
+def is_main() -> bool:
+    """Rank 0: the one process that writes checkpoints, logs and the progress bar."""
+    return rank() == 0
+
+
+def setup(device: torch.device) -> torch.device:
+    """Join the process group torchrun describes (if any) and return this process's device: cuda:LOCAL_RANK for
+    CUDA (NCCL), the given device otherwise (gloo). A group already joined (tests) is reused."""
+    if not launched():
+        return device
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        if local >= torch.cuda.device_count():
+            raise PipelineError(f"LOCAL_RANK {local} but only {torch.cuda.device_count()} CUDA devices are visible: "
+                                f"use --gpus {torch.cuda.device_count()} or fewer")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    elif device.type == "mps":
+        raise PipelineError("several processes on MPS are not supported (one Apple GPU): drop --gpus / torchrun")
+    global _joined_here
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        _joined_here = True
+    return device
+
+
+_joined_here = False  # whether `setup` joined the group (then `cleanup` leaves it; a caller's own group stays)
+
+
+def cleanup() -> None:
+    """Leave the group `setup` joined, once every rank got here."""
+    global _joined_here
+    if _joined_here and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+        _joined_here = False
+
+
+def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's x concatenated in rank order; gradients flow back to the rank that owns each row (the
+    backward sums, over ranks, the gradient of each rank's loss with respect to this rank's rows)."""
+    if not active():
+        return x
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(x.contiguous()))
+
+
+def mean(x: torch.Tensor) -> torch.Tensor:
+    """Average of a detached tensor over ranks (the logged loss); a NaN on any rank reaches every rank, so all
+    stop together instead of leaving the others waiting in a collective."""
+    if not active():
+        return x.detach()
+    y = x.detach().clone()
+    dist.all_reduce(y)
+    return y / world_size()
+
+
+def torchrun_command(nproc: int, args: list[str]) -> list[str]:
+    """The command `--gpus N` runs: torchrun (as `python -m torch.distributed.run`, so the same interpreter and
+    environment) on a free local port, starting `python -m pipeline ARGS` N times."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "pipeline", *args]
+
+
+def launch(nproc: int, args: list[str], device: str) -> int:
+    """Run `pipeline ARGS` in nproc processes through torchrun; returns its exit code."""
+    if nproc < 1:
+        raise PipelineError(f"--gpus must be >= 1, got {nproc}")
+    if device != "cpu":
+        if torch.cuda.is_available():
+            if nproc > torch.cuda.device_count():
+                raise PipelineError(f"--gpus {nproc}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        elif device != "auto" or (torch.backends.mps.is_built() and torch.backends.mps.is_available()):
+            raise PipelineError(f"--gpus {nproc} needs CUDA GPUs; use --device cpu for CPU processes (gloo)")
+    return subprocess.call(torchrun_command(nproc, args))

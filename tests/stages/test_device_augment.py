@@ -1,0 +1,127 @@
+"""The device augmentation against the CPU reference: same parameter rows -> same pixels (to interpolation and
+float rounding); random draws -> the same statistics; draws a pure function of (seed, epoch, batch)."""
+
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+
+from stages import augment, device_augment, pretrain
+from stages.data import make_synthetic
+
+
+def _reference(images, p, out):
+    return torch.stack([augment.apply_view(images[i], p, i, out) for i in range(images.shape[0])])
+
+
+@pytest.mark.parametrize("method,src,out", [
+    ("simclr", 40, 32),   # downscaled crops, no blur (<= 64 px)
+    ("simclr", 100, 96),  # blur on half the views
+    ("byol", 72, 96),     # upscaled crops, blur always on view 1, solarize on view 2
+    ("mocov3", 64, 64),
+])
+def test_fixed_parameters_match_the_cpu_path(method, src, out):
+    g = torch.Generator().manual_seed(src + out)
+    images = torch.randint(0, 256, (12, 3, src, src), dtype=torch.uint8, generator=g)
+    for recipe in augment.recipes_for(method, out):
+        p = augment.sample_params(12, recipe, src, g)
+        torch.testing.assert_close(device_augment.apply_views(images, p, out), _reference(images, p, out),
+                                   atol=2e-5, rtol=0)
+
+
+def test_every_op_forced_on_matches():
+    """Each op on every image (flip, jitter, grey, blur, solarize), tiny and full crops: nothing is left to chance."""
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (10, 3, 80, 80), dtype=torch.uint8, generator=g)
+    for scale in ((0.01, 0.03), (1.0, 1.0)):
+        recipe = augment.ViewRecipe(crop_scale=scale, flip_p=1.0, jitter_p=1.0, gray_p=1.0, blur_p=1.0, solarize_p=1.0)
+        p = augment.sample_params(10, recipe, 80, g)
+        torch.testing.assert_close(device_augment.apply_views(images, p, 72), _reference(images, p, 72), atol=2e-5, rtol=0)
+
+
+def test_fp16_work_dtype_stays_within_a_fraction_of_a_uint8_step():
+    g = torch.Generator().manual_seed(2)
+    images = torch.randint(0, 256, (8, 3, 100, 100), dtype=torch.uint8, generator=g)
+    p = augment.sample_params(8, augment.recipes_for("simclr", 96)[0], 100, g)
+    half = device_augment.apply_views(images, p, 96, torch.float16)
+    assert half.dtype == torch.float16
+    assert (half.float() - device_augment.apply_views(images, p, 96)).abs().max() < 2 / 255
+
+
+def test_hue_shift_matches_torchvision_including_grey_and_tied_pixels():
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(6, 3, 9, 9, generator=g)
+    x[0, :, :3] = 0.4  # grey
+    x[1, 0], x[1, 1] = x[1, 2] + 0.3, x[1, 2] + 0.3  # red and green tie for largest
+    x = x.clamp(0, 1)
+    shift = torch.tensor([0.5, -0.5, 0.1, -0.2, 0.0, 0.33])
+    want = torch.stack([TF.adjust_hue(x[i], float(shift[i])) for i in range(6)])
+    torch.testing.assert_close(device_augment.shift_hue(x, shift), want, atol=5e-6, rtol=0)
+
+
+def _stats(views: torch.Tensor) -> dict:
+    """Distribution summaries of a batch of [0, 1] views: channel means/stds, mean per-image contrast, share of grey
+    views, mean left-right asymmetry (flips and crops move it)."""
+    per_image_std = views.flatten(1).std(1)
+    grey = (views.amax(1) - views.amin(1)).flatten(1).amax(1) < 1e-3
+    return {"mean": views.mean((0, 2, 3)), "std": views.std((0, 2, 3)), "contrast": per_image_std.mean(),
+            "grey": grey.float().mean(), "left": (views[..., :8].mean() - views[..., -8:].mean())}
+
+
+def test_random_draws_have_the_cpu_paths_statistics():
+    """Different draws (per batch vs per image), same distribution: summaries over 2 x 256 views agree."""
+    data = make_synthetic(256, 40, seed=0)
+    recipes = augment.recipes_for("simclr", 32)
+    ds = augment.TwoViewDataset(data.images, recipes, 32, seed=0, epoch=0)
+    cpu = torch.cat([torch.stack([ds[i][v] for i in range(len(ds))]) for v in (0, 1)]).float() / 255
+    p = device_augment.rows_of(list(device_augment.draw_params(256, recipes, 40, seed=5, epoch=0, batch=0)), slice(0, 256))
+    dev = device_augment.apply_views(torch.cat([data.images, data.images]), p, 32)  # both views, as a step makes them
+    a, b = _stats(cpu), _stats(dev)
+    torch.testing.assert_close(a["mean"], b["mean"], atol=0.02, rtol=0)
+    torch.testing.assert_close(a["std"], b["std"], atol=0.02, rtol=0)
+    assert abs(a["contrast"] - b["contrast"]) < 0.02
+    assert abs(a["grey"] - b["grey"]) < 0.05 and 0.1 < b["grey"] < 0.3  # gray_p = 0.2
+    assert abs(a["left"] - b["left"]) < 0.02
+
+
+def test_batches_are_a_pure_function_of_seed_epoch_batch_and_shards_add_up():
+    images = make_synthetic(64, 20, seed=0).images
+    recipes = augment.recipes_for("byol", 16)
+    cpu = torch.device("cpu")
+
+    def epoch(start=0, shard=(0, 1), seed=0):
+        return list(device_augment.device_view_batches(images, recipes, 16, 16, seed, 3, start, cpu, shard))
+
+    full = epoch()
+    assert len(full) == 4 and full[0][0].shape == (16, 3, 16, 16)
+    resumed = epoch(start=2)  # what a run resumed at batch 2 sees
+    for (a1, a2), (b1, b2) in zip(full[2:], resumed):
+        assert torch.equal(a1, b1) and torch.equal(a2, b2)
+    assert not torch.equal(epoch(seed=1)[0][0], full[0][0])
+    halves = [epoch(shard=(r, 2)) for r in range(2)]  # two processes: each its half of every global batch
+    for b in range(4):
+        for v in range(2):
+            torch.testing.assert_close(torch.cat([halves[0][b][v], halves[1][b][v]]), full[b][v], atol=1e-6, rtol=0)
+
+
+def test_mode_dispatch():
+    assert augment.augment_mode("auto", torch.device("cpu")) == "cpu"
+    assert augment.augment_mode("auto", torch.device("cuda")) == "device"
+    assert augment.augment_mode("cpu", torch.device("cuda")) == "cpu"
+
+
+def test_pretrain_with_device_augment_resumes_exactly(tmp_path, tiny_overrides):
+    base = {**tiny_overrides, "augment": "device", "epochs": 2, "data": "synthetic:40", "image_size": 8}
+
+    def run(name, resume=False, **extra):
+        out = tmp_path / name
+        cfg = pretrain.config_for_run(None, {**base, **extra} if not resume else extra, out, resume)
+        return pretrain.run(cfg, out, resume=resume, say=lambda *_: None)
+
+    run("full")
+    run("part", max_steps=3)
+    run("part", resume=True, max_steps=0)
+    a = torch.load(tmp_path / "full/checkpoints/last.pt", weights_only=False)
+    b = torch.load(tmp_path / "part/checkpoints/last.pt", weights_only=False)
+    assert a["step"] == b["step"] == 8
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
