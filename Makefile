@@ -1,5 +1,5 @@
-# `make all` runs the whole chain on the embedded default into runs/default; each stage is a real file target,
-# so only stale stages re-run. `make test` installs everything itself and runs the test suite.
+# `make all` runs the whole chain on the embedded default into runs/default; each stage is a real file target, so
+# only stale stages re-run. `make test` installs everything itself and runs the test suite.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -7,10 +7,16 @@ RUN    ?= runs/default
 CONFIG ?= configs/default.yaml
 STAMP  := $(VENV)/.installed
 
-PRETRAIN_SRC := stages/pretrain.py stages/augment.py stages/data.py stages/backbones.py stages/optim.py $(wildcard stages/methods/*.py)
+PRETRAIN_SRC := stages/pretrain.py stages/augment.py stages/device_augment.py stages/data.py stages/backbones.py \
+                stages/optim.py stages/distributed.py $(wildcard stages/methods/*.py)
+EVAL_SRC     := stages/linear_eval.py stages/knn.py stages/features.py
+EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/coreml.py export/onnx_format.py \
+                export/metadata.py
+VALIDATE_SRC := stages/validate.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
 
 .PHONY: all install test clean-run
-all: $(RUN)/checkpoints/last.pt
+all: $(RUN)/validate/parity.json
+	@$(BIN)/pipeline show --run $(RUN)
 
 install: $(STAMP)
 $(STAMP): pyproject.toml
@@ -19,8 +25,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import torch, torchvision, coremltools, onnx, onnxruntime, click" 2>/dev/null
 	touch $@
 
+# pretrain -> linear-eval -> strip -> trace -> export -> validate, each reading the files the one before wrote
 $(RUN)/checkpoints/last.pt: $(STAMP) $(CONFIG) $(PRETRAIN_SRC)
 	$(BIN)/pipeline pretrain --config $(CONFIG) --out $(RUN)
+
+$(RUN)/eval/linear.json: $(RUN)/checkpoints/last.pt $(EVAL_SRC)
+	$(BIN)/pipeline linear-eval --run $(RUN)
+
+$(RUN)/export/encoder.pt: $(RUN)/checkpoints/last.pt stages/strip.py export/encoder.py
+	$(BIN)/pipeline strip --run $(RUN)
+
+$(RUN)/export/trace.json: $(RUN)/export/encoder.pt stages/trace.py
+	$(BIN)/pipeline trace --run $(RUN)
+
+# linear.json is a prerequisite so its top-1 lands in every artifact's metadata
+$(RUN)/export/encoder.json: $(RUN)/export/trace.json $(RUN)/eval/linear.json $(EXPORT_SRC)
+	$(BIN)/pipeline export --run $(RUN) --to all
+
+$(RUN)/validate/parity.json: $(RUN)/export/encoder.json $(VALIDATE_SRC)
+	$(BIN)/pipeline validate --run $(RUN)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 tests

@@ -219,5 +219,25 @@ def doctor():
     click.echo(f"Core ML predict: {'yes' if ok else 'no'}{': ' + why if why else ''}")
 
 
+@main.command("show")
+@click.option("--run", type=click.Path(), default=None, help="run directory [default: runs/default]")
+@one_line_errors
+def show(run):
+    """Print a run's results from its files: the evaluation table and the parity table (what `make all` ends with)."""
+    from pipeline import rundir
+    from stages import linear_eval, validate
+
+    run_dir = rundir.resolve_run(run, say=click.echo)
+    shown = False
+    for path, fmt in ((run_dir / rundir.EVAL / "linear.json", linear_eval.format_table),
+                      (run_dir / rundir.VALIDATE / validate.PARITY, validate.format_table)):
+        if path.is_file():
+            click.echo(f"\n{path}:")
+            click.echo(fmt(rundir.load_json(path, "results")))
+            shown = True
+    if not shown:
+        raise PipelineError(f"{run_dir} has no eval/linear.json or validate/{validate.PARITY} yet: run `make all`")
+
+
 if __name__ == "__main__":
     main()

@@ -14,6 +14,9 @@ import yaml
 
 from pipeline.errors import PipelineError
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 DEFAULT_RUN = Path("runs/default")  # what `make all` writes, and what a command without --run reads
 
 CONFIG = "config.yaml"
@@ -35,6 +38,7 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; a finished file gets the usual permissions
     try:
         yield tmp_path
         os.replace(tmp_path, path)
