@@ -665,16 +665,21 @@ def run_program(model: MilModel, feeds: dict[str, torch.Tensor]) -> dict[str, to
     return {name: env[name] for name in model.outputs}
 
 
-def predict_images(model: MilModel, images: torch.Tensor, output: str | None = None) -> np.ndarray:
-    """Images N x 3 x H x W RGB 0..255 -> N x D float32 of the (single image input) model's output `output`
-    (default: the first). Each image is its own prediction, as an app calls Core ML (see `batched`)."""
+def image_io(model, output: str | None) -> tuple[InputInfo, str]:
+    """The single image input and the chosen output (default: the first) of an ML Program or NeuralNetwork model."""
     image_inputs = [i for i in model.inputs if i.color_space is not None]
     if len(model.inputs) != 1 or not image_inputs:
         raise PipelineError(f"{model.path.name}: expected one image input, found {[i.name for i in model.inputs]}")
-    info = image_inputs[0]
     name = output or model.outputs[0]
     if name not in model.outputs:
         raise PipelineError(f"{model.path.name}: no output {name!r} (outputs: {', '.join(model.outputs)})")
+    return image_inputs[0], name
+
+
+def predict_images(model: MilModel, images: torch.Tensor, output: str | None = None) -> np.ndarray:
+    """Images N x 3 x H x W RGB 0..255 -> N x D float32 of the (single image input) model's output `output`
+    (default: the first). Each image is its own prediction, as an app calls Core ML (see `batched`)."""
+    info, name = image_io(model, output)
     if len(images) == 0:
         return np.zeros((0, 0), np.float32)
     laid_out = torch.stack([image_input(img, info) for img in images])

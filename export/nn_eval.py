@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from export.mil_eval import (COLOR_SPACES, InputInfo, batched, conv_nd, image_input, pad_spatial, pool_nd,
+from export.mil_eval import (COLOR_SPACES, InputInfo, batched, conv_nd, image_input, image_io, pad_spatial, pool_nd,
                              quiet_coremltools, resize_linear, same_pads)
 from pipeline.errors import PipelineError
 
@@ -532,13 +532,7 @@ def run_network(model: NNModel, feeds: dict[str, torch.Tensor], compute: str | N
 
 def predict_images(model: NNModel, images: torch.Tensor, output: str | None = None, compute: str | None = None) -> np.ndarray:
     """Images N x 3 x H x W RGB 0..255, one at a time as an app calls Core ML -> N x D float32."""
-    image_inputs = [i for i in model.inputs if i.color_space is not None]
-    if len(model.inputs) != 1 or not image_inputs:
-        raise PipelineError(f"{model.path.name}: expected one image input, found {[i.name for i in model.inputs]}")
-    info = image_inputs[0]
-    name = output or model.outputs[0]
-    if name not in model.outputs:
-        raise PipelineError(f"{model.path.name}: no output {name!r} (outputs: {', '.join(model.outputs)})")
+    info, name = image_io(model, output)
     if len(images) == 0:
         return np.zeros((0, 0), np.float32)
     laid_out = torch.stack([image_input(img, info) for img in images])
