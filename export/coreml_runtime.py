@@ -55,3 +55,28 @@ def coreml_predict(path: Path | str, images, compute_units: str, output: str) ->
             raise PipelineError(f"{path}: Core ML returned no output {output!r} (got {', '.join(out)})")
         rows.append(np.asarray(out[output], dtype=np.float32).reshape(-1))
     return np.stack(rows) if rows else np.zeros((0, 0), np.float32)
+
+
+def coreml_load(path: Path | str, compute_units: str):
+    """A saved Core ML model, loaded (compiled for this Mac) once for many predictions: loading costs far more than
+    a small model's prediction. One-line errors, as coreml_predict."""
+    ok, why = coreml_can_predict()
+    if not ok:
+        raise PipelineError(why)
+    if compute_units not in COMPUTE_UNITS:
+        raise PipelineError(f"compute units must be one of {', '.join(COMPUTE_UNITS)}, got {compute_units!r}")
+    import coremltools as ct
+
+    try:
+        return ct.models.MLModel(str(path), compute_units=getattr(ct.ComputeUnit, compute_units))
+    except Exception as e:  # the Core ML compiler rejects the model: a real failure, reported on one line
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise PipelineError(f"{path}: Core ML cannot load it with {compute_units} ({type(e).__name__}: {first})") from None
+
+
+def coreml_predict_arrays(model, feeds: dict[str, np.ndarray], output: str) -> np.ndarray:
+    """One prediction of a model with tensor (MultiArray) inputs, from `coreml_load`: output `output` as float32."""
+    out = model.predict(feeds)
+    if output not in out:
+        raise PipelineError(f"Core ML returned no output {output!r} (got {', '.join(out)})")
+    return np.asarray(out[output], dtype=np.float32)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torchvision.transforms.v2.functional as TF
 
+from stages.preprocess import TORCH_PREPROCESS
+
 # ImageNet statistics: what every torchvision ResNet recipe normalises with; stored in checkpoints and exports.
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -107,27 +109,21 @@ def _orders(n: int, g: torch.Generator) -> torch.Tensor:
     return torch.rand(n, 4, generator=g).argsort(1)
 
 
-def apply_view(img: torch.Tensor, p: dict[str, torch.Tensor], i: int, out_size: int) -> torch.Tensor:
-    """Apply row i of `p` to one uint8 3xSxS image; returns float 3 x out x out in [0, 1] (not normalised)."""
+def apply_view(img: torch.Tensor, p: dict[str, torch.Tensor], i: int, out_size: int,
+               preprocess=TORCH_PREPROCESS) -> torch.Tensor:
+    """Apply row i of `p` to one uint8 3xSxS image; returns float 3 x out x out in [0, 1] (not normalised).
+    Jitter, grayscale and blur run on the `preprocess` backend (stages/preprocess.py: torchvision, or Core ML)."""
     top, left, h, w = (int(v) for v in p["crop"][i])
     x = TF.resized_crop(img.float() / 255.0, top, left, h, w, [out_size, out_size], antialias=True).clamp_(0, 1)
     if p["flip"][i]:
         x = TF.horizontal_flip(x)
     if p["jitter"][i]:
-        for op in p["jitter_order"][i].tolist():
-            if op == 0:
-                x = TF.adjust_brightness(x, float(p["brightness"][i]))
-            elif op == 1:
-                x = TF.adjust_contrast(x, float(p["contrast"][i]))
-            elif op == 2:
-                x = TF.adjust_saturation(x, float(p["saturation"][i]))
-            else:
-                x = TF.adjust_hue(x, float(p["hue"][i]))
+        x = preprocess.color_jitter(x, p["jitter_order"][i].tolist(), float(p["brightness"][i]),
+                                    float(p["contrast"][i]), float(p["saturation"][i]), float(p["hue"][i]))
     if p["gray"][i]:
-        x = TF.rgb_to_grayscale(x, num_output_channels=3)
+        x = preprocess.grayscale(x)
     if p["blur"][i]:
-        s = float(p["sigma"][i])
-        x = TF.gaussian_blur(x, [blur_kernel_size(out_size)] * 2, [s, s])
+        x = preprocess.gaussian_blur(x, blur_kernel_size(out_size), float(p["sigma"][i]))
     if p["solarize"][i]:
         x = TF.solarize(x, threshold=0.5)
     return x
@@ -141,8 +137,10 @@ def view_seed(seed: int, epoch: int, index: int) -> int:
 class TwoViewDataset(torch.utils.data.Dataset):
     """Item i -> two uint8 views of image indices[i] (uint8 keeps the host->device copy 4x smaller)."""
 
-    def __init__(self, images: torch.Tensor, recipes: tuple[ViewRecipe, ViewRecipe], out_size: int, seed: int, epoch: int):
+    def __init__(self, images: torch.Tensor, recipes: tuple[ViewRecipe, ViewRecipe], out_size: int, seed: int, epoch: int,
+                 preprocess=TORCH_PREPROCESS):
         self.images, self.recipes, self.out_size, self.seed, self.epoch = images, recipes, out_size, seed, epoch
+        self.preprocess = preprocess  # where jitter, grayscale and blur run (stages/preprocess.py)
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -153,7 +151,7 @@ class TwoViewDataset(torch.utils.data.Dataset):
         views = []
         for recipe in self.recipes:
             p = sample_params(1, recipe, img.shape[-1], g)
-            views.append((apply_view(img, p, 0, self.out_size) * 255).round_().to(torch.uint8))
+            views.append((apply_view(img, p, 0, self.out_size, self.preprocess) * 255).round_().to(torch.uint8))
         return views[0], views[1]
 
 
@@ -190,7 +188,7 @@ def epoch_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[i
 
 def cpu_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
                      start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
-                     channels_last: bool = False):
+                     channels_last: bool = False, preprocess=TORCH_PREPROCESS):
     """Yield (x1, x2) normalised float batches on `device` for one epoch, from batch `start_batch` on; this
     process's share (rank of world) of each global batch. Per-sample augmentation runs in DataLoader workers;
     this is the reference path and the CPU fallback."""
@@ -200,7 +198,7 @@ def cpu_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: i
                for b in epoch_batches(images.shape[0], batch_size, seed, epoch)[start_batch:]]
     if not batches:
         return
-    ds = TwoViewDataset(images, recipes, out_size, seed, epoch)
+    ds = TwoViewDataset(images, recipes, out_size, seed, epoch, preprocess)
     loader = torch.utils.data.DataLoader(
         ds, batch_sampler=batches, num_workers=num_workers,
         pin_memory=device.type == "cuda",  # pinned memory is a CUDA concept; elsewhere it only costs
@@ -224,13 +222,14 @@ def augment_mode(requested: str, device: torch.device) -> str:
 
 def view_batches(mode: str, images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
                  start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
-                 channels_last: bool = False):
+                 channels_last: bool = False, preprocess=TORCH_PREPROCESS):
     """The one place training batches come from: (x1, x2) per step, by the CPU path or the device path
-    (stages/device_augment.py); mode is `augment_mode`'s answer."""
+    (stages/device_augment.py); mode is `augment_mode`'s answer. `preprocess` (stages/preprocess.py) serves the
+    CPU path only."""
     if mode == "device":
         from stages.device_augment import device_view_batches
 
         return device_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device,
                                    shard, channels_last)
     return cpu_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device, num_workers,
-                            shard, channels_last)
+                            shard, channels_last, preprocess)

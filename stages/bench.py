@@ -50,6 +50,7 @@ class BenchConfig:
     windows: int | None = opt(None, "timed windows per phase, median reported; None = 5 on a GPU, 3 on a CPU")
     window_steps: int | None = opt(None, "steps per window; None = 20 on a GPU, 1 on a CPU")
     seed: int = opt(0, "seeds init and augmentation draws")
+    preprocess: str | None = opt(None, "instead of training, time each per-image preprocessing op (jitter, grayscale, blur, resize+normalise, a training item's two views) on this backend: torch, or coreml (macOS); batch x window-steps images per window", choices=("torch", "coreml"))
 
 
 def _sync(device: torch.device) -> None:
@@ -124,6 +125,10 @@ def run(cfg: BenchConfig, say=print) -> dict:
     store = cfg.store_size or (cfg.image_size if cfg.image_size <= 64 else round(cfg.image_size * 8 / 7))
     if store < cfg.image_size:
         raise PipelineError(f"store size {store} is smaller than image size {cfg.image_size}")
+    if cfg.preprocess:  # issue 8: per-image preprocessing alone (stages/preprocess.py), no training
+        from stages.preprocess import time_per_image
+
+        return time_per_image(cfg.preprocess, cfg.method, cfg.image_size, store, batch * steps, windows, warmup, cfg.seed)
     mode = augment.augment_mode(cfg.augment, device)
     settle = (SETTLE_WINDOWS + 1) * steps if gpu and warmup else 0
     batches = warmup + settle + (windows + 1) * steps  # e2e warm-up, settling, windows, then the augment-only window
@@ -206,6 +211,10 @@ def run(cfg: BenchConfig, say=print) -> dict:
 
 
 def format_table(r: dict) -> str:
+    if "ms_per_image" in r:  # a --preprocess timing
+        from stages.preprocess import format_timing
+
+        return format_timing(r)
     head = (f"{r['method']}/{r['backbone']} {r['image_size']} px, batch {r['batch_size']} "
             f"({r['processes']} x {r['per_process_batch']}), {r['device_name']}, augment {r['augment']}, "
             f"channels_last {r['channels_last']}, {r['precision']}")

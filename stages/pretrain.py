@@ -26,7 +26,7 @@ from pipeline import __version__, rundir
 from pipeline.config import load_config, opt, to_dict
 from pipeline.device import precision_for, select_device
 from pipeline.errors import PipelineError
-from stages import augment, distributed
+from stages import augment, distributed, preprocess
 from stages.backbones import BACKBONES, build_backbone, min_image_size, uses_small_stem
 from stages.data import load_data, make_split
 from stages.methods import METHODS
@@ -62,6 +62,7 @@ class PretrainConfig:
     precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU; fp32 everywhere to debug", choices=("auto", "fp32"))
     num_workers: int = opt(-1, "augmentation workers (cpu augment); -1 = one per spare core, up to 8")
     augment: str = opt("auto", "where views are made: device = batched on the training GPU, cpu = per image in DataLoader workers (the reference); auto = device on cuda/mps", choices=augment.AUGMENT_MODES)
+    preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = torchvision in the workers (the reference); auto = coreml where Core ML runs", choices=preprocess.CHOICES)
     channels_last: str = opt("auto", "NHWC memory format: about 2x faster bf16 convs on CUDA tensor cores; auto = on for CUDA only", choices=("auto", "on", "off"))
     compile: bool = opt(False, "torch.compile the backbone: off by default, it was slower than eager in issue 6's H200 measurement and takes minutes to compile")
     sync_bn: bool = opt(False, "several GPUs: BatchNorm statistics over the global batch (SimCLR's choice), at one all-reduce per BN layer; CUDA only")
@@ -257,6 +258,7 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
         raise PipelineError(f"batch size {cfg.batch_size} is larger than the {len(train_images)} training images of {cfg.data}")
 
     mode = augment.augment_mode(cfg.augment, device)
+    pre, pre_note = preprocess.for_training(cfg.preprocess, mode, cfg.image_size)  # coreml where it cannot run fails here
     if mode == "device":
         train_images = keep_on_device(train_images, device)
 
@@ -311,7 +313,7 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     workers = default_workers(cfg.num_workers)
     say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(train_images)} train images, "
         f"{steps_per_epoch} steps/epoch, {total_steps} steps, device {device} x {world}, augment {mode}, "
-        f"channels_last {training.channels_last}, peak lr {lr:.4g}")
+        f"preprocess {pre_note}, channels_last {training.channels_last}, peak lr {lr:.4g}")
     model.train()
     bar = tqdm(total=stop_at, initial=step, desc="pretrain", unit="step", dynamic_ncols=True, disable=None if main else True)
     last_loss = float("nan")
@@ -343,7 +345,8 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
         while step < stop_at:
             epoch, start_batch = divmod(step, steps_per_epoch)
             views = augment.view_batches(mode, train_images, recipes, cfg.image_size, cfg.batch_size, cfg.seed,
-                                         epoch, start_batch, device, workers, (rank, world), training.channels_last)
+                                         epoch, start_batch, device, workers, (rank, world), training.channels_last,
+                                         pre)
             t_wait = time.perf_counter()
             for x1, x2 in views:
                 waited += time.perf_counter() - t_wait

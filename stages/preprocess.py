@@ -1,0 +1,252 @@
+"""Where the per-image pixel work of the CPU augmentation path runs (issue 8): colour jitter, grayscale and
+Gaussian blur of stages/augment.apply_view, and resize + normalise.
+
+BACKENDS:
+- torch: torchvision's functional ops in the DataLoader worker, exactly the calls apply_view has always made (the
+  reference: the pinned losses of tests/stages/test_pretrain.py go through it).
+- coreml: the same transforms as Core ML models (export/preprocess_models.py), called per image from the Dataset's
+  __getitem__, so on a Mac the Neural Engine / GPU does the pixel work and the CPU workers only crop, flip, draw
+  the parameters and shift hue (an HSV round trip with no model: it stays torch, between the Core ML calls, so
+  each image's random jitter order is kept). The models compute in fp16, so views differ from the torch path's
+  by fp16 rounding (bounded in tests/export/test_preprocess_models.py) and a run's losses are not the torch path's.
+`resolve_backend` turns --preprocess auto|torch|coreml into a backend name and the reason for it; asking for
+coreml where Core ML cannot run is a one-line error naming why.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+import torchvision.transforms.v2.functional as TF
+
+from export import coreml_runtime
+from pipeline.errors import PipelineError
+
+CHOICES = ("auto", "torch", "coreml")
+COMPUTE_UNITS = "ALL"  # Core ML places each op on the Neural Engine, GPU or CPU: the point is to spare the CPU workers
+JITTER_CODES = {0: "brightness", 1: "contrast", 2: "saturation", 3: "hue"}  # augment.sample_params' jitter_order
+
+
+class TorchPreprocess:
+    """torchvision on the CPU: the reference. Stateless, so it crosses into DataLoader workers as is."""
+
+    name = "torch"
+
+    def color_jitter(self, x: torch.Tensor, order, brightness: float, contrast: float, saturation: float,
+                     hue: float) -> torch.Tensor:
+        """The four jitter ops in `order` (codes as JITTER_CODES), as torchvision's ColorJitter applies them."""
+        for op in order:
+            if op == 0:
+                x = TF.adjust_brightness(x, brightness)
+            elif op == 1:
+                x = TF.adjust_contrast(x, contrast)
+            elif op == 2:
+                x = TF.adjust_saturation(x, saturation)
+            else:
+                x = TF.adjust_hue(x, hue)
+        return x
+
+    def grayscale(self, x: torch.Tensor) -> torch.Tensor:
+        return TF.rgb_to_grayscale(x, num_output_channels=3)
+
+    def gaussian_blur(self, x: torch.Tensor, kernel_size: int, sigma: float) -> torch.Tensor:
+        return TF.gaussian_blur(x, [kernel_size, kernel_size], [sigma, sigma])
+
+    def resize_normalize(self, pixels: torch.Tensor, size: int) -> torch.Tensor:
+        """3 x S x S pixels 0..255 -> 3 x size x size, antialiased bilinear, / 255, normalised (ImageNet stats)."""
+        from stages.augment import MEAN, STD  # here, not at the top: stages.augment imports this module
+
+        return TF.normalize(TF.resize(pixels.float(), [size, size], antialias=True) / 255.0, MEAN, STD)
+
+
+TORCH_PREPROCESS = TorchPreprocess()
+
+
+class CoreMLPreprocess:
+    """The same transforms as Core ML models for images of one side, through export.coreml_runtime.
+
+    The models are built (or found in the cache) when the backend is made, in the main process, so DataLoader
+    workers never race to build them. A loaded MLModel cannot be pickled into a worker, so each process loads
+    (compiles) its models once, on first use; pickling drops them."""
+
+    name = "coreml"
+
+    def __init__(self, size: int, cache_root=None, compute_units: str = COMPUTE_UNITS):
+        from export import preprocess_models as models
+
+        self.size, self.cache_root, self.compute_units = size, cache_root, compute_units
+        self.kernel_size = models.blur_kernel_size(size)
+        self.paths = {name: models.build_cached(name, cache_root, size=size)
+                      for name in ("color_jitter", "grayscale", "gaussian_blur")}
+        self._loaded: dict = {}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_loaded": {}}
+
+    def _predict(self, key: str, x: torch.Tensor, **factors: np.ndarray) -> torch.Tensor:
+        from export.preprocess_models import INPUT, OUTPUT
+
+        model = self._loaded.get(key)
+        if model is None:
+            model = self._loaded[key] = coreml_runtime.coreml_load(self.paths[key], self.compute_units)
+        image = np.ascontiguousarray(x.detach().to(torch.float32).numpy()[None])
+        out = coreml_runtime.coreml_predict_arrays(model, {INPUT: image, **factors}, OUTPUT)
+        return torch.from_numpy(np.ascontiguousarray(out.reshape(out.shape[-3:])))
+
+    def _check(self, x: torch.Tensor, what: str) -> None:
+        if tuple(x.shape) != (3, self.size, self.size):
+            raise PipelineError(f"the Core ML {what} model takes 3 x {self.size} x {self.size} images, "
+                                f"got {tuple(x.shape)}: make the backend for this view size")
+
+    def color_jitter(self, x: torch.Tensor, order, brightness: float, contrast: float, saturation: float,
+                     hue: float) -> torch.Tensor:
+        """Each run of consecutive brightness/contrast/saturation codes in `order` is one Core ML call (the
+        model's own order input keeps their order); hue runs in torch where it falls."""
+        from export.preprocess_models import JITTER_SKIP
+
+        self._check(x, "color_jitter")
+        factors = {name: np.array([v], np.float32)
+                   for name, v in (("brightness", brightness), ("contrast", contrast), ("saturation", saturation))}
+        blends: list[int] = []
+        for op in [*order, None]:  # None: the end, where a pending run is flushed
+            if op in (0, 1, 2):
+                blends.append(op)
+                continue
+            if blends:
+                codes = np.array(blends + [JITTER_SKIP] * (3 - len(blends)), np.int32)
+                x = self._predict("color_jitter", x, **factors, order=codes)
+                blends = []
+            if op == 3:
+                x = TF.adjust_hue(x, hue)
+        return x
+
+    def grayscale(self, x: torch.Tensor) -> torch.Tensor:
+        self._check(x, "grayscale")
+        return self._predict("grayscale", x)
+
+    def gaussian_blur(self, x: torch.Tensor, kernel_size: int, sigma: float) -> torch.Tensor:
+        self._check(x, "gaussian_blur")
+        if kernel_size != self.kernel_size:
+            raise PipelineError(f"the Core ML blur model for {self.size} px uses a {self.kernel_size}-px kernel "
+                                f"(augment.blur_kernel_size), asked for {kernel_size}")
+        return self._predict("gaussian_blur", x, sigma=np.array([sigma], np.float32))
+
+    def resize_normalize(self, pixels: torch.Tensor, size: int) -> torch.Tensor:
+        """As TorchPreprocess.resize_normalize; one model per (source side, size), built on first use."""
+        from export import preprocess_models as models
+
+        src = pixels.shape[-1]
+        if tuple(pixels.shape) != (3, src, src):
+            raise PipelineError(f"resize_normalize takes square 3 x S x S pixels, got {tuple(pixels.shape)}")
+        key = f"resize_normalize-{src}-{size}"
+        if key not in self.paths:
+            self.paths[key] = models.build_cached("resize_normalize", self.cache_root, size=size, src_size=src)
+        return self._predict(key, pixels)
+
+
+# name -> factory(view size, cache_root) of a backend
+BACKENDS = {
+    "torch": lambda size, cache_root=None: TORCH_PREPROCESS,
+    "coreml": CoreMLPreprocess,
+}
+
+
+def _why_not(why: str) -> str:
+    """coreml_can_predict's reason, less its advice for the validate stage (no evaluator stands in here)."""
+    return why.split("; the reference evaluator")[0]
+
+
+def resolve_backend(choice: str) -> tuple[str, str]:
+    """--preprocess auto|torch|coreml -> (backend name, why it was picked)."""
+    if choice not in CHOICES:
+        raise PipelineError(f"--preprocess must be one of {', '.join(CHOICES)}, got {choice!r}")
+    if choice == "torch":
+        return "torch", "asked for"
+    ok, why = coreml_runtime.coreml_can_predict()
+    if choice == "coreml":
+        if not ok:
+            raise PipelineError(f"--preprocess coreml: Core ML cannot run here: {_why_not(why)} (use --preprocess torch or auto)")
+        return "coreml", "asked for"
+    if ok:
+        return "coreml", "auto: Core ML can run here"
+    return "torch", f"auto: Core ML cannot run here: {_why_not(why)}"
+
+
+def make_backend(name: str, size: int, cache_root=None):
+    return BACKENDS[name](size, cache_root=cache_root)
+
+
+def for_training(choice: str, augment_mode: str, size: int, cache_root=None):
+    """(backend, note for the log line) for pretraining. The backends serve the per-image CPU path only: with
+    --augment device the views are made batched on the device and no backend is used."""
+    name, why = resolve_backend(choice)  # coreml where Core ML cannot run fails here, whatever the augment mode
+    if augment_mode != "cpu":
+        if choice == "coreml":
+            raise PipelineError("--preprocess coreml serves the per-image CPU augmentation: add --augment cpu "
+                                f"(--augment {augment_mode} makes the views batched on the training device)")
+        return TORCH_PREPROCESS, f"unused (--augment {augment_mode})"
+    return make_backend(name, size, cache_root), f"{name} ({why})"
+
+
+# ---------------------------------------------------------------- timing, for `pipeline bench --preprocess`
+
+def _median_ms(fn, items: list, windows: int, warmup: int) -> float:
+    """Median over windows of the mean ms per call of fn(item) over all items; warm-up calls (a Core ML model's
+    first prediction compiles and loads it) untimed."""
+    for item in items[:warmup]:
+        fn(item)
+    per = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        for item in items:
+            fn(item)
+        per.append(1000 * (time.perf_counter() - t0) / len(items))
+    return statistics.median(per)
+
+
+def time_per_image(choice: str, method: str, size: int, store_size: int, images: int, windows: int, warmup: int,
+                   seed: int, cache_root=None) -> dict:
+    """ms per image of each op of backend `choice` on random images and parameters (SimCLR's widest jitter), and
+    of the two views a training item costs (TwoViewDataset with `method`'s recipes, crop and hue included)."""
+    from stages import augment
+
+    name, why = resolve_backend(choice)
+    backend = make_backend(name, size, cache_root)
+    g = torch.Generator().manual_seed(seed)
+    views = torch.rand(images, 3, size, size, generator=g)
+    pixels = torch.randint(0, 256, (images, 3, store_size, store_size), dtype=torch.uint8, generator=g)
+    p = augment.sample_params(images, augment.RECIPES["simclr"][0], store_size, g)
+    k = augment.blur_kernel_size(size)
+    jitter = lambda i: backend.color_jitter(  # noqa: E731
+        views[i], p["jitter_order"][i].tolist(), float(p["brightness"][i]), float(p["contrast"][i]),
+        float(p["saturation"][i]), float(p["hue"][i]))
+    dataset = augment.TwoViewDataset(pixels, augment.recipes_for(method, size), size, seed, 0, backend)
+    ops = {
+        "color_jitter": jitter,
+        "grayscale": lambda i: backend.grayscale(views[i]),
+        "gaussian_blur": lambda i: backend.gaussian_blur(views[i], k, float(p["sigma"][i])),
+        "resize_normalize": lambda i: backend.resize_normalize(pixels[i], size),
+        "two_views": lambda i: dataset[i],
+    }
+    idx = list(range(images))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a DataLoader worker (torch gives each one thread): what __getitem__ gets
+    try:
+        ms = {op: round(_median_ms(fn, idx, windows, max(1, warmup)), 4) for op, fn in ops.items()}
+    finally:
+        torch.set_num_threads(threads)
+    return {"preprocess": name, "reason": why, "method": method, "image_size": size, "store_size": store_size,
+            "blur_kernel": k, "images_per_window": images, "windows": windows, "ms_per_image": ms,
+            "platform": f"{platform.system()} {platform.machine()}", "torch_threads": 1}
+
+
+def format_timing(r: dict) -> str:
+    head = (f"preprocess {r['preprocess']} ({r['reason']}), {r['image_size']} px views from {r['store_size']} px, "
+            f"{r['platform']}, one torch thread (as a DataLoader worker), median of {r['windows']} windows x "
+            f"{r['images_per_window']} images")
+    rows = [f"  {op:<20s}{v:8.3f} ms/image" for op, v in r["ms_per_image"].items()]
+    return "\n".join([head, *rows])
