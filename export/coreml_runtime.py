@@ -29,19 +29,9 @@ def coreml_predict(path: Path | str, images, compute_units: str, output: str) ->
     images: N x 3 x H x W RGB pixels 0..255 (uint8 or float, torch or numpy), already at the model's size. Each is
     handed over as an RGB PIL image, so Core ML itself reorders channels for a BGR model and applies the model's
     image scale/bias: exactly the path an app's pixels take. Returns N x D float32 of output `output`."""
-    ok, why = coreml_can_predict()
-    if not ok:
-        raise PipelineError(why)
-    if compute_units not in COMPUTE_UNITS:
-        raise PipelineError(f"compute units must be one of {', '.join(COMPUTE_UNITS)}, got {compute_units!r}")
-    import coremltools as ct
     from PIL import Image
 
-    try:
-        model = ct.models.MLModel(str(path), compute_units=getattr(ct.ComputeUnit, compute_units))
-    except Exception as e:  # the Core ML compiler rejects the model: a real failure, reported on one line
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise PipelineError(f"{path}: Core ML cannot load it with {compute_units} ({type(e).__name__}: {first})") from None
+    model = coreml_load(path, compute_units)
     inputs = model.get_spec().description.input
     if len(inputs) != 1 or inputs[0].type.WhichOneof("Type") != "imageType":
         raise PipelineError(f"{path}: expected one image input, found {[i.name for i in inputs]}")
@@ -59,7 +49,7 @@ def coreml_predict(path: Path | str, images, compute_units: str, output: str) ->
 
 def coreml_load(path: Path | str, compute_units: str):
     """A saved Core ML model, loaded (compiled for this Mac) once for many predictions: loading costs far more than
-    a small model's prediction. One-line errors, as coreml_predict."""
+    a small model's prediction. Refusals and Core ML compiler errors are one line."""
     ok, why = coreml_can_predict()
     if not ok:
         raise PipelineError(why)
