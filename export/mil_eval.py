@@ -650,19 +650,27 @@ def run_program(model: MilModel, feeds: dict[str, torch.Tensor]) -> dict[str, to
         args = {}
         for key, v in op.inputs.items():
             args[key] = [env[u.name] for u in v] if isinstance(v, (tuple, list)) else env[v.name]
-        try:
-            result = fn(args, op)
-        except PipelineError as e:
-            raise PipelineError(f"{model.path.name}: op `{op.op_type}` ({op.name}): {e}") from None
-        except (RuntimeError, ValueError, IndexError, TypeError) as e:
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise PipelineError(f"{model.path.name}: op `{op.op_type}` ({op.name}) failed in the evaluator: {msg}") from None
-        results = result if isinstance(result, tuple) else (result,)
-        if len(results) != len(op.outputs):
-            raise PipelineError(f"{model.path.name}: op `{op.op_type}` ({op.name}) gave {len(results)} outputs, expected {len(op.outputs)}")
+        where = f"{model.path.name}: op `{op.op_type}` ({op.name})"
+        results = call_checked(where, len(op.outputs), lambda: fn(args, op))
         for var, val in zip(op.outputs, results):
             env[var.name] = _as_declared(val, var, f"{model.path.name}: op `{op.op_type}` ({op.name})")
     return {name: env[name] for name in model.outputs}
+
+
+def call_checked(where: str, n_outputs: int, call: Callable[[], Any]) -> tuple:
+    """Run one op or layer (both evaluators): any failure, or a wrong number of outputs, becomes a one-line error
+    naming it, so a broken artifact is reported by op, never as a traceback."""
+    try:
+        result = call()
+    except PipelineError as e:
+        raise PipelineError(f"{where}: {e}") from None
+    except (RuntimeError, ValueError, IndexError, TypeError, KeyError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PipelineError(f"{where} failed in the evaluator: {msg}") from None
+    results = result if isinstance(result, tuple) else (result,)
+    if len(results) != n_outputs:
+        raise PipelineError(f"{where} gave {len(results)} outputs, expected {n_outputs}")
+    return results
 
 
 def image_io(model, output: str | None) -> tuple[InputInfo, str]:

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from export.mil_eval import (COLOR_SPACES, InputInfo, batched, conv_nd, image_input, image_io, pad_spatial, pool_nd,
-                             quiet_coremltools, resize_linear, same_pads)
+from export.mil_eval import (COLOR_SPACES, InputInfo, batched, call_checked, conv_nd, image_input, image_io,
+                             pad_spatial, pool_nd, quiet_coremltools, resize_linear, same_pads)
 from pipeline.errors import PipelineError
 
 
@@ -511,16 +511,7 @@ def run_network(model: NNModel, feeds: dict[str, torch.Tensor], compute: str | N
         missing = [n for n in layer.input if n not in blobs]
         if missing:
             raise PipelineError(f"{where} reads {missing[0]!r}, which no earlier layer or input produces")
-        try:
-            result = fn(getattr(layer, kind), [blobs[n] for n in layer.input], w)
-        except PipelineError as e:
-            raise PipelineError(f"{where}: {e}") from None
-        except (RuntimeError, ValueError, IndexError, TypeError, KeyError) as e:
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise PipelineError(f"{where} failed in the evaluator: {msg}") from None
-        results = result if isinstance(result, tuple) else (result,)
-        if len(results) != len(layer.output):
-            raise PipelineError(f"{where} gave {len(results)} outputs, the spec names {len(layer.output)}")
+        results = call_checked(where, len(layer.output), lambda: fn(getattr(layer, kind), [blobs[n] for n in layer.input], w))
         for name, value in zip(layer.output, results):
             value = value.to(torch.float32)
             blobs[name] = value.half().float() if compute == "fp16" else value

@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from export.formats import FORMATS, select_formats
 from export.metadata import linear_eval_scores
 from pipeline import rundir
-from pipeline.cli import main
 from pipeline.errors import PipelineError
 from stages import convert, pretrain
 from stages.convert import SIDECAR, artifact_digest
@@ -22,20 +20,10 @@ from stages.pretrain import config_for_run
 from stages.strip import StripConfig, encoder_path
 from stages.strip import run as strip
 from stages.trace import file_sha256
+from tests.cli_helpers import assert_one_line_error as _one_line_error
+from tests.cli_helpers import cli as _cli
 
 NO_OPTIONS = {"deployment_target": None, "opset": None}
-
-
-def _cli(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def _one_line_error(res, *needles):
-    assert res.exit_code == 2, res.output
-    lines = [line for line in res.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_format_table_defaults_and_impossible_combinations():

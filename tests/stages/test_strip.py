@@ -6,15 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from click.testing import CliRunner
 
 from export.encoder import load_encoder
 from pipeline import rundir
-from pipeline.cli import main
 from stages import pretrain
 from stages.backbones import BACKBONES, build_backbone
 from stages.pretrain import PretrainConfig, build_model, config_for_run
 from stages.strip import StripConfig, encoder_path, run
+from tests.cli_helpers import assert_one_line_error as _one_line_error
+from tests.cli_helpers import cli as _cli
 
 ENCODER_KEYS = {"state_dict", "backbone", "small_stem", "feat_dim", "image_size", "mean", "std", "l2_normalize", "metadata"}
 HEAD_PREFIXES = ("projector", "predictor", "target_", "momentum_", "queue")
@@ -26,10 +26,6 @@ def _pretrained(tmp_path: Path, overrides: dict, name: str = "run") -> Path:
     out = tmp_path / name
     pretrain.run(config_for_run(None, {**overrides, "max_steps": 1}, out, False), out, say=lambda *_: None)
     return out
-
-
-def _cli(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 # SimCLR (projector only) is stripped in every export test (tests/stages/test_convert.py checks its dropped modules).
@@ -85,15 +81,6 @@ def _edit_checkpoint_config(run_dir: Path, **changes) -> None:
     ckpt = torch.load(path, weights_only=False)
     ckpt["config"].update(changes)
     torch.save(ckpt, path)
-
-
-def _one_line_error(res, *needles):
-    assert res.exit_code == 2, res.output
-    lines = [line for line in res.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    assert "Traceback" not in res.output
 
 
 def test_bad_checkpoints_are_one_line_errors(tmp_path, tiny_overrides):
