@@ -10,8 +10,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
-
 from pipeline.errors import PipelineError
 
 _UMASK = os.umask(0o022)
@@ -54,10 +52,6 @@ def write_text_atomic(path: Path | str, text: str) -> None:
 
 def write_json_atomic(path: Path | str, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def write_yaml_atomic(path: Path | str, obj: Any) -> None:
-    write_text_atomic(path, yaml.safe_dump(obj, sort_keys=False))
 
 
 def torch_save_atomic(obj: Any, path: Path | str) -> None:
