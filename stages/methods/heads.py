@@ -31,11 +31,11 @@ def frozen_copy(module: nn.Module) -> nn.Module:
 
 @torch.no_grad()
 def ema_update(target: nn.Module, online: nn.Module, momentum: float) -> None:
-    """target <- m * target + (1 - m) * online, for parameters and float buffers (BN statistics copied as-is)."""
-    for t, o in zip(target.parameters(), online.parameters()):
-        t.lerp_(o.detach(), 1.0 - momentum)
-    for t, o in zip(target.buffers(), online.buffers()):
-        t.copy_(o)
+    """target <- m * target + (1 - m) * online, for parameters and float buffers (BN statistics copied as-is).
+    Multi-tensor ops: two launches in all rather than one per tensor from Python (the per-tensor loop was a
+    noticeable share of a small-image step's host time on a GPU)."""
+    torch._foreach_lerp_(list(target.parameters()), [o.detach() for o in online.parameters()], 1.0 - momentum)
+    torch._foreach_copy_(list(target.buffers()), list(online.buffers()))
 
 
 def cosine_momentum(base: float, progress: float) -> float:

@@ -77,9 +77,13 @@ def test_ema_update_and_frozen_target():
     with torch.no_grad():
         for p in online.parameters():
             p.add_(1.0)
+    online(torch.randn(8, 3))  # train mode: moves the BN running statistics
     ema_update(target, online, 0.9)
     for b, t, o in zip(before, target.parameters(), online.parameters()):
         torch.testing.assert_close(t, 0.9 * b + 0.1 * o)
+    for t, o in zip(target.buffers(), online.buffers()):  # statistics copied, not averaged
+        assert torch.equal(t, o)
+    assert target[1].num_batches_tracked == 1
 
 
 def test_cosine_momentum_schedule():

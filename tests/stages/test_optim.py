@@ -1,0 +1,92 @@
+"""LARS against a naive per-parameter loop, and the warm-up + cosine schedule."""
+
+import copy
+
+import pytest
+import torch
+
+from stages.optim import LARS, warmup_cosine
+
+
+def naive_lars_step(params, state, lr, momentum, wd, eta):
+    """The papers' LARS, one parameter at a time, written as plainly as possible."""
+    with torch.no_grad():
+        for p in params:
+            if p.grad is None:
+                continue
+            d = p.grad.clone()
+            if p.ndim > 1:
+                d = d + wd * p
+                pn, dn = p.norm(), d.norm()
+                if pn > 0 and dn > 0:
+                    d = d * (eta * pn / dn)
+            buf = state.get(id(p))
+            state[id(p)] = d.clone() if buf is None else buf * momentum + d
+            p -= lr * state[id(p)]
+
+
+def _model():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Flatten(),
+                            torch.nn.Linear(8 * 6 * 6, 5))
+    with torch.no_grad():
+        m[0].weight[0].zero_()  # a zero row does not make the whole tensor's norm zero; a zero tensor below does
+    return m
+
+
+@pytest.mark.parametrize("wd", [0.0, 1e-4])
+def test_lars_matches_naive_loop(wd):
+    model, ref = _model(), _model()
+    frozen = torch.nn.Parameter(torch.zeros(4, 4))  # no gradient: untouched by both
+    zero = torch.nn.Parameter(torch.zeros(3, 3))  # zero matrix: trust ratio 1, as the loop
+    opt = LARS(list(model.parameters()) + [frozen, zero], lr=0.3, momentum=0.9, weight_decay=wd)
+    zero_ref = torch.nn.Parameter(torch.zeros(3, 3))
+    state = {}
+    x = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    for _ in range(4):
+        for m, z in ((model, zero), (ref, zero_ref)):
+            m.zero_grad()
+            z.grad = None
+            (m(x).square().mean() + (z + 1).square().sum()).backward()
+        opt.step()
+        naive_lars_step(list(ref.parameters()) + [zero_ref], state, 0.3, 0.9, wd, 0.001)
+        for a, b in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(zero, zero_ref, rtol=1e-5, atol=1e-6)
+    assert frozen.abs().sum() == 0
+    assert not zero.eq(0).all()  # it did move (trust 1 while its norm was 0)
+
+
+def test_lars_state_round_trips():
+    """A resumed optimizer continues exactly: state_dict holds every momentum buffer."""
+    model = _model()
+    opt = LARS(model.parameters(), lr=0.1, weight_decay=1e-4)
+    x = torch.randn(2, 3, 8, 8)
+    for _ in range(2):
+        model.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    twin = copy.deepcopy(model)
+    opt2 = LARS(twin.parameters(), lr=0.1, weight_decay=1e-4)
+    opt2.load_state_dict(copy.deepcopy(opt.state_dict()))  # as from disk: no buffer shared with opt
+    for m, o in ((model, opt), (twin, opt2)):
+        m.zero_grad()
+        m(x).sum().backward()
+        o.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_warmup_cosine_schedule():
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    sched = warmup_cosine(opt, warmup_steps=4, total_steps=12)
+    lrs = []
+    for _ in range(12):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lrs[4] == pytest.approx(1.0)
+    assert lrs[8] == pytest.approx(0.5)
+    assert lrs[-1] == pytest.approx(0.5 * (1 + torch.cos(torch.tensor(7 / 8 * torch.pi)).item()))
