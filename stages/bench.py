@@ -16,11 +16,14 @@ what any op costs), laid out as one epoch long enough that no window crosses an 
 
 from __future__ import annotations
 
+import json
+import math
 import resource
 import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -50,6 +53,7 @@ class BenchConfig:
     windows: int | None = opt(None, "timed windows per phase, median reported; None = 5 on a GPU, 3 on a CPU")
     window_steps: int | None = opt(None, "steps per window; None = 20 on a GPU, 1 on a CPU")
     seed: int = opt(0, "seeds init and augmentation draws")
+    profile: str = opt("", "CUDA: also record one window of each phase with torch.profiler into this folder (Chrome traces) and report GPU-busy %, host ms per step and the top kernels: tells a host-bound step from a GPU-bound one")
     preprocess: str | None = opt(None, "instead of training, time each per-image preprocessing op (jitter, grayscale, blur, resize+normalise, a training item's two views) on this backend: torch, or coreml (macOS); batch x window-steps images per window", choices=("torch", "coreml"))
 
 
@@ -88,6 +92,60 @@ def _windows(step, warmup: int, windows: int, steps: int, device: torch.device) 
     return [window() for _ in range(windows)]
 
 
+# Host calls that wait for the GPU: the time in them is time the host had nothing to do (a GPU-bound step).
+WAIT_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
+
+
+def summarize_trace(events: list[dict], steps: int) -> dict:
+    """Chrome-trace events of `steps` steps -> where the time went, per step: wall (first to last event), GPU busy
+    (kernel and copy time on any stream, overlaps merged), kernel time per stream (the busiest is the main one),
+    host time blocked in WAIT_CALLS, and the five costliest kernels. GPU busy near 100 % means the GPU is the
+    limit; well below, with little host waiting, means the host is."""
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+    timed = [e for e in events if "ts" in e and "dur" in e and e.get("ph") == "X"]
+    if not timed:
+        return {}
+    wall = max(e["ts"] + e["dur"] for e in timed) - min(e["ts"] for e in timed)
+    busy, end = 0.0, -math.inf
+    for s, d in sorted((e["ts"], e["dur"]) for e in gpu):  # union of the intervals
+        if s + d > end:
+            busy += s + d - max(s, end)
+            end = s + d
+    streams: dict = {}
+    kernels: dict = {}
+    for e in gpu:
+        sid = e.get("args", {}).get("stream", -1)
+        streams[sid] = streams.get(sid, 0.0) + e["dur"]
+        kernels[e["name"]] = kernels.get(e["name"], 0.0) + e["dur"]
+    waited = sum(e["dur"] for e in timed if e.get("name") in WAIT_CALLS)
+    ms = lambda us: round(us / 1000 / steps, 3)  # noqa: E731  trace times are microseconds
+    ranked = sorted(streams.items(), key=lambda kv: -kv[1])
+    return {
+        "wall_ms_per_step": ms(wall), "gpu_busy_pct": round(100 * busy / wall, 1) if wall else 0.0,
+        "gpu_ms_per_step": ms(busy), "host_wait_ms_per_step": ms(waited),
+        "stream_kernel_ms_per_step": {("main" if i == 0 else f"stream {sid}"): ms(t) for i, (sid, t) in enumerate(ranked)},
+        "top_kernels_ms_per_step": {name[:80]: ms(t) for name, t in sorted(kernels.items(), key=lambda kv: -kv[1])[:5]},
+    }
+
+
+def profile_phase(step, steps: int, device: torch.device, trace: Path) -> dict:
+    """`steps` calls of `step` under torch.profiler (CPU and CUDA activity), the trace written to `trace` (open it
+    in chrome://tracing or Perfetto), summarised by summarize_trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    tmp = trace.with_name(trace.name + ".tmp")
+    prof.export_chrome_trace(str(tmp))
+    tmp.replace(trace)
+    events = json.loads(trace.read_text()).get("traceEvents", [])
+    return {**summarize_trace(events, steps), "trace": str(trace)}
+
+
 def _peak_memory_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -114,6 +172,8 @@ def run(cfg: BenchConfig, say=print) -> dict:
         raise PipelineError(f"batch size must be at least 2, got {batch}")
     if batch % world:
         raise PipelineError(f"batch size {batch} does not split over {world} processes: use a multiple of {world}")
+    if cfg.profile and device.type != "cuda":
+        raise PipelineError(f"--profile records CUDA kernels: it needs --device cuda (this is {device.type})")
     if min(warmup, windows - 1, steps - 1) < 0:
         raise PipelineError("--warmup must be >= 0, --windows and --window-steps >= 1")
     pcfg = resolve(PretrainConfig(method=cfg.method, backbone=cfg.backbone, image_size=cfg.image_size,
@@ -131,7 +191,8 @@ def run(cfg: BenchConfig, say=print) -> dict:
         return time_per_image(cfg.preprocess, cfg.method, cfg.image_size, store, batch * steps, windows, warmup, cfg.seed)
     mode = augment.augment_mode(cfg.augment, device)
     settle = (SETTLE_WINDOWS + 1) * steps if gpu and warmup else 0
-    batches = warmup + settle + (windows + 1) * steps  # e2e warm-up, settling, windows, then the augment-only window
+    # e2e warm-up, settling, windows, the profiled window, then the augment-only window
+    batches = warmup + settle + (windows + 1 + bool(cfg.profile)) * steps
     # A pool of distinct noise images tiled to one long epoch: generating every image would take longer than the run.
     pool = torch.randint(0, 256, (min(batch, 1024), 3, store, store), dtype=torch.uint8,
                          generator=torch.Generator().manual_seed(cfg.seed))
@@ -162,6 +223,10 @@ def run(cfg: BenchConfig, say=print) -> dict:
     _reset_peak(device)
     ceiling = _windows(ceiling_step, warmup, windows, steps, device)
     ceiling_peak = _peak_memory_gib(device)
+    profiled = {}
+    tag = f"rank{rank}" if world > 1 else "trace"
+    if cfg.profile:
+        profiled["ceiling"] = profile_phase(ceiling_step, steps, device, Path(cfg.profile) / f"ceiling-{tag}.json")
 
     # end to end: the real batch source
     recipes = augment.recipes_for(cfg.method, cfg.image_size)
@@ -178,6 +243,8 @@ def run(cfg: BenchConfig, say=print) -> dict:
     _reset_peak(device)
     e2e = _windows(e2e_step, warmup, windows, steps, device)
     e2e_peak = _peak_memory_gib(device)
+    if cfg.profile:
+        profiled["e2e"] = profile_phase(e2e_step, steps, device, Path(cfg.profile) / f"e2e-{tag}.json")
 
     def augment_only() -> float:
         next(source)
@@ -206,6 +273,8 @@ def run(cfg: BenchConfig, say=print) -> dict:
         "windows": {"e2e_img_s": [round(v, 2) for v in img_s(e2e)], "ceiling_img_s": [round(v, 2) for v in img_s(ceiling)]},
         "warmup": warmup, "window_steps": steps,
     }
+    if profiled:
+        result["profile"] = profiled
     distributed.cleanup()
     return result
 
@@ -221,4 +290,7 @@ def format_table(r: dict) -> str:
     rows = [("end-to-end", f"{r['e2e_img_s']:,.0f} img/s"), ("model-step ceiling", f"{r['ceiling_img_s']:,.0f} img/s"),
             ("ratio", f"{r['ratio']:.3f}"), ("data wait", f"{r['data_wait_pct']:.1f} %"),
             ("augment alone", f"{r['augment_ms_per_step']:.2f} ms/step"), ("peak memory", f"{r['peak_mem_gib']:.2f} GiB")]
+    for phase, p in r.get("profile", {}).items():
+        rows.append((f"profile {phase}", f"{p['wall_ms_per_step']:.2f} ms/step, GPU busy {p['gpu_busy_pct']:.0f} %, "
+                                         f"host waiting {p['host_wait_ms_per_step']:.2f} ms/step ({p['trace']})"))
     return "\n".join([head] + [f"  {k:<20s}{v}" for k, v in rows])
