@@ -9,6 +9,7 @@
 
 import time
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -21,7 +22,7 @@ print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, {torch.cuda.
 for src, out, method in [(32, 32, "simclr"), (256, 224, "byol")]:
     imgs = torch.randint(0, 256, (48, 3, src, src), dtype=torch.uint8, generator=g)
     for v, recipe in enumerate(augment.recipes_for(method, out)):
-        p = augment.sample_params(48, recipe, src, g)
+        p = augment.sample_params(48, recipe, src, np.random.default_rng(int(torch.randint(1 << 31, (1,), generator=g))))
         ref = torch.stack([augment.apply_view(imgs[i], p, i, out) for i in range(48)])
         for dtype in (torch.float16,):
             got = device_augment.apply_views(imgs.to(dev), p, out, dtype).float().cpu()

@@ -55,7 +55,7 @@ def batch_seed(seed: int, epoch: int, batch: int) -> int:
 
 def draw_params(n: int, recipes, src_size: int, seed: int, epoch: int, batch: int) -> tuple[dict, dict]:
     """Both views' parameters for a batch of n images, drawn on the host (cheap: n rows of numbers)."""
-    g = torch.Generator().manual_seed(batch_seed(seed, epoch, batch))
+    g = np.random.default_rng(batch_seed(seed, epoch, batch))
     return augment.sample_params(n, recipes[0], src_size, g), augment.sample_params(n, recipes[1], src_size, g)
 
 
@@ -248,11 +248,11 @@ def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size
     rows = slice(rank * per_rank, (rank + 1) * per_rank)
     src = images.shape[-1]
     dtype = work_dtype(device)
-    batches = augment.epoch_batches(images.shape[0], batch_size, seed, epoch)
+    order = np.asarray(augment.epoch_batches(images.shape[0], batch_size, seed, epoch), dtype=np.int64).reshape(-1, batch_size)
 
     def make(b: int) -> torch.Tensor:
         p = rows_of(list(draw_params(batch_size, recipes, src, seed, epoch, b)), rows)
-        idx = torch.as_tensor(batches[b][rows] * 2)  # both views of this rank's images
+        idx = torch.from_numpy(np.tile(order[b, rows], 2))  # both views of this rank's images
         if images.device.type == device.type:
             batch = images.index_select(0, to_device(idx, device))
         else:
@@ -260,16 +260,19 @@ def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size
         return normalize(apply_views(batch, p, out_size, dtype), channels_last)
 
     if device.type != "cuda":
-        for b in range(start_batch, len(batches)):
+        for b in range(start_batch, len(order)):
             x = make(b)
             yield x[:per_rank], x[per_rank:]
         return
     side = torch.cuda.Stream(device)
+    # Once: the images may just have been copied on the main stream. Not per batch: waiting for the main stream
+    # there would hold each batch's augmentation until the training step before it had finished, in series with
+    # training instead of beside it (the views are small kernels that fit between a step's big ones).
+    side.wait_stream(torch.cuda.current_stream(device))
     ahead = None  # (views, event) of the batch made in advance
-    for b in range(start_batch, len(batches) + 1):
+    for b in range(start_batch, len(order) + 1):
         made = None
-        if b < len(batches):
-            side.wait_stream(torch.cuda.current_stream(device))  # e.g. the images were just copied on the main stream
+        if b < len(order):
             with torch.cuda.stream(side):
                 x = make(b)
                 done = torch.cuda.Event()

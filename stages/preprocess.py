@@ -219,7 +219,7 @@ def time_per_image(choice: str, method: str, size: int, store_size: int, images:
     g = torch.Generator().manual_seed(seed)
     views = torch.rand(images, 3, size, size, generator=g)
     pixels = torch.randint(0, 256, (images, 3, store_size, store_size), dtype=torch.uint8, generator=g)
-    p = augment.sample_params(images, augment.RECIPES["simclr"][0], store_size, g)
+    p = augment.sample_params(images, augment.RECIPES["simclr"][0], store_size, np.random.default_rng(seed))
     k = augment.blur_kernel_size(size)
     jitter = lambda i: backend.color_jitter(  # noqa: E731
         views[i], p["jitter_order"][i].tolist(), float(p["brightness"][i]), float(p["contrast"][i]),

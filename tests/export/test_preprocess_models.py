@@ -60,7 +60,7 @@ def _draw(name: str, g: torch.Generator) -> tuple[dict, torch.Tensor]:
     x = torch.rand(3, SIZE, SIZE, generator=g)
     if name == "grayscale":
         return {"image": x[None]}, TORCH_PREPROCESS.grayscale(x)
-    p = augment.sample_params(1, recipe, SIZE, g)
+    p = augment.sample_params(1, recipe, SIZE, np.random.default_rng(int(torch.randint(1 << 31, (1,), generator=g))))
     if name == "gaussian_blur":
         sigma = float(p["sigma"][0])
         return ({"image": x[None], "sigma": torch.tensor([sigma])},
