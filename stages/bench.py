@@ -48,6 +48,7 @@ class BenchConfig:
     num_workers: int = opt(-1, "workers for --augment cpu; -1 = one per spare core, up to 8 (issue 6's usual recipe used 15)")
     channels_last: str = opt("auto", "NHWC memory format; auto = on for CUDA", choices=("auto", "on", "off"))
     compile: bool = opt(False, "torch.compile the backbone (compile time stays in the warm-up)")
+    cuda_graphs: str = opt("auto", "the backbone's forward and backward as CUDA graphs (as pretraining); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
     precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU", choices=("auto", "fp32"))
     warmup: int | None = opt(None, "untimed steps before each phase (cuDNN autotuning, allocator growth, worker start); None = 10 on a GPU, 1 on a CPU")
     windows: int | None = opt(None, "timed windows per phase, median reported; None = 5 on a GPU, 3 on a CPU")
@@ -179,6 +180,7 @@ def run(cfg: BenchConfig, say=print) -> dict:
     pcfg = resolve(PretrainConfig(method=cfg.method, backbone=cfg.backbone, image_size=cfg.image_size,
                                   batch_size=batch, device=cfg.device, precision=cfg.precision, augment=cfg.augment,
                                   num_workers=cfg.num_workers, channels_last=cfg.channels_last, compile=cfg.compile,
+                                  cuda_graphs=cfg.cuda_graphs,
                                   seed=cfg.seed, epochs=1, warmup_epochs=0.0))
     validate(pcfg)
     torch.manual_seed(cfg.seed)
@@ -262,7 +264,7 @@ def run(cfg: BenchConfig, say=print) -> dict:
         "batch_size": batch, "per_process_batch": per_rank, "processes": world, "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "augment": mode, "num_workers": default_workers(cfg.num_workers) if mode == "cpu" else 0,
-        "channels_last": training.channels_last, "compile": cfg.compile,
+        "channels_last": training.channels_last, "compile": cfg.compile, "cuda_graphs": training.cuda_graphs,
         "precision": "fp32" if training.precision.backbone_dtype is None else str(training.precision.backbone_dtype).removeprefix("torch."),
         "torch": torch.__version__,
         "e2e_img_s": round(e2e_rate, 2), "ceiling_img_s": round(ceiling_rate, 2),
@@ -286,7 +288,7 @@ def format_table(r: dict) -> str:
         return format_timing(r)
     head = (f"{r['method']}/{r['backbone']} {r['image_size']} px, batch {r['batch_size']} "
             f"({r['processes']} x {r['per_process_batch']}), {r['device_name']}, augment {r['augment']}, "
-            f"channels_last {r['channels_last']}, {r['precision']}")
+            f"channels_last {r['channels_last']}, CUDA graphs {r.get('cuda_graphs', False)}, {r['precision']}")
     rows = [("end-to-end", f"{r['e2e_img_s']:,.0f} img/s"), ("model-step ceiling", f"{r['ceiling_img_s']:,.0f} img/s"),
             ("ratio", f"{r['ratio']:.3f}"), ("data wait", f"{r['data_wait_pct']:.1f} %"),
             ("augment alone", f"{r['augment_ms_per_step']:.2f} ms/step"), ("peak memory", f"{r['peak_mem_gib']:.2f} GiB")]

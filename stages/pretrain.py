@@ -9,6 +9,7 @@ its share of every step's images (stages/distributed.py), gradients are averaged
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -64,6 +65,7 @@ class PretrainConfig:
     augment: str = opt("auto", "where views are made: device = batched on the training GPU, cpu = per image in DataLoader workers (the reference); auto = device on cuda/mps", choices=augment.AUGMENT_MODES)
     preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = torchvision in the workers (the reference); auto = coreml where Core ML runs", choices=preprocess.CHOICES)
     channels_last: str = opt("auto", "NHWC memory format: about 2x faster bf16 convs on CUDA tensor cores; auto = on for CUDA only", choices=("auto", "on", "off"))
+    cuda_graphs: str = opt("auto", "replay the backbone's forward and backward as two CUDA graphs instead of launching its hundreds of kernels from Python every step (the host, not the GPU, limited small-image steps on an H200); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
     compile: bool = opt(False, "torch.compile the backbone: off by default, it was slower than eager in issue 6's H200 measurement and takes minutes to compile")
     sync_bn: bool = opt(False, "several GPUs: BatchNorm statistics over the global batch (SimCLR's choice), at one all-reduce per BN layer; CUDA only")
     seed: int = opt(0, "seeds init, split, order and every augmentation draw")
@@ -175,6 +177,34 @@ def keep_on_device(images: torch.Tensor, device: torch.device) -> torch.Tensor:
     return images.to(device) if fits else images
 
 
+def use_cuda_graphs(choice: str, device: torch.device, world: int, compiled: bool) -> bool:
+    """CUDA graphs need CUDA; with several processes DDP's gradient hooks would run inside the captured backward
+    (untested), and torch.compile brings its own graphs: those cases stay eager."""
+    possible = device.type == "cuda" and world == 1 and not compiled
+    if choice == "on" and not possible:
+        raise PipelineError("--cuda-graphs on needs one CUDA process without --compile (this run: device "
+                            f"{device.type}, {world} process(es), compile {compiled}); use auto or off")
+    return choice != "off" and possible
+
+
+def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, channels_last: bool, precision) -> None:
+    """Capture the backbone's training forward and backward for `batch` images (torch.cuda.make_graphed_callables,
+    in place: the module keeps its parameters and state_dict, eval mode still runs the plain forward). Every
+    step then costs two graph launches instead of the layer-by-layer launches from Python. The capture's warm-up
+    passes move the BatchNorm statistics; they are put back, so training starts exactly where it would have."""
+    device = next(backbone.parameters()).device
+    saved = [b.detach().clone() for b in backbone.buffers()]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    sample = torch.randn(batch, 3, image_size, image_size, device=device).contiguous(memory_format=fmt)
+    amp = (torch.autocast(device.type, dtype=precision.backbone_dtype, cache_enabled=False)  # capture needs no cache
+           if precision.backbone_dtype is not None else contextlib.nullcontext())
+    with amp:
+        torch.cuda.make_graphed_callables(backbone, (sample,))
+    with torch.no_grad():
+        for b, s in zip(backbone.buffers(), saved):
+            b.copy_(s)  # in place: the graphs hold these addresses
+
+
 @dataclass
 class Training:
     """What one optimisation step needs. `run` and stages/bench.py both use it, so the benchmark times the very
@@ -188,6 +218,7 @@ class Training:
     precision: object
     total_steps: int
     channels_last: bool
+    cuda_graphs: bool = False
 
 
 def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: int) -> tuple[Training, int]:
@@ -206,15 +237,18 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if cfg.compile:
         model.backbone.compile()  # in place: state_dict keys stay those of the plain module
+    precision = precision_for(device, cfg.precision)
+    graphs = use_cuda_graphs(cfg.cuda_graphs, device, world, cfg.compile)
+    if graphs:  # both views of this process's images go through the backbone as one batch
+        graph_backbone(model.backbone, 2 * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
     total_steps = steps_per_epoch * cfg.epochs
     optimizer = build_optimizer(cfg.optimizer, model.parameters(), peak_lr(cfg), cfg.weight_decay)
     scheduler = warmup_cosine(optimizer, round(cfg.warmup_epochs * steps_per_epoch), total_steps)
-    precision = precision_for(device, cfg.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
     forward = model
     if world > 1:
         forward = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last), feat_dim
+    return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last, graphs), feat_dim
 
 
 def train_step(t: Training, x1: torch.Tensor, x2: torch.Tensor, step: int) -> torch.Tensor:
@@ -313,7 +347,8 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     workers = default_workers(cfg.num_workers)
     say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(train_images)} train images, "
         f"{steps_per_epoch} steps/epoch, {total_steps} steps, device {device} x {world}, augment {mode}, "
-        f"preprocess {pre_note}, channels_last {training.channels_last}, peak lr {lr:.4g}")
+        f"preprocess {pre_note}, channels_last {training.channels_last}, CUDA graphs {training.cuda_graphs}, "
+        f"peak lr {lr:.4g}")
     model.train()
     bar = tqdm(total=stop_at, initial=step, desc="pretrain", unit="step", dynamic_ncols=True, disable=None if main else True)
     last_loss = float("nan")

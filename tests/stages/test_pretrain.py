@@ -121,3 +121,19 @@ def test_resolve_fills_method_defaults():
     assert (cfg.proj_dim, cfg.momentum_base, cfg.lr) == (256, 0.99, 0.2)
     cfg = resolve(PretrainConfig(method="mocov3", temperature=0.2))
     assert cfg.temperature == 0.2 and cfg.queue_size == 0
+
+
+def test_cuda_graphs_policy():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert pretrain.use_cuda_graphs("auto", cuda, 1, compiled=False)
+    assert not pretrain.use_cuda_graphs("off", cuda, 1, compiled=False)
+    for device, world, compiled in [(cpu, 1, False), (cuda, 2, False), (cuda, 1, True)]:
+        assert not pretrain.use_cuda_graphs("auto", device, world, compiled)
+        with pytest.raises(PipelineError, match="--cuda-graphs on needs one CUDA process"):
+            pretrain.use_cuda_graphs("on", device, world, compiled)
+
+
+def test_cuda_graphs_on_without_cuda_is_a_clean_error(tmp_path, tiny_overrides):
+    with pytest.raises(PipelineError, match="--cuda-graphs on needs one CUDA process"):
+        _run(tmp_path, {**tiny_overrides, "cuda_graphs": "on", "max_steps": 1})
+    assert not (tmp_path / "run" / rundir.LAST_CHECKPOINT).exists()
