@@ -40,6 +40,11 @@ class KeyQueue(nn.Module):
         self.register_buffer("buffer", torch.zeros(size, dim))
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
         self.register_buffer("filled", torch.zeros((), dtype=torch.long))
+        self._full = False  # host-side: once full, a ring stays full
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._full = False  # the loaded count decides again
+        super()._load_from_state_dict(*args, **kwargs)
 
     @torch.no_grad()
     def push(self, keys: torch.Tensor) -> None:
@@ -51,7 +56,14 @@ class KeyQueue(nn.Module):
         self.filled.copy_(torch.clamp(self.filled + keys.shape[0], max=size))
 
     def keys(self) -> torch.Tensor:
-        return self.buffer[: int(self.filled)]
+        """The filled rows. Reading the count from the device waits for the GPU, so it is read only until the
+        ring is full (the first size / keys-per-step steps); from then on every row is a key and no read is due."""
+        if not self._full:
+            n = int(self.filled)
+            if n < self.buffer.shape[0]:
+                return self.buffer[:n]
+            self._full = True
+        return self.buffer
 
 
 class MoCoV3(nn.Module):

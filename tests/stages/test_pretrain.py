@@ -137,3 +137,37 @@ def test_cuda_graphs_on_without_cuda_is_a_clean_error(tmp_path, tiny_overrides):
     with pytest.raises(PipelineError, match="--cuda-graphs on needs one CUDA process"):
         _run(tmp_path, {**tiny_overrides, "cuda_graphs": "on", "max_steps": 1})
     assert not (tmp_path / "run" / rundir.LAST_CHECKPOINT).exists()
+
+
+# Ops that make the host wait for a GPU: reading a value (item / _local_scalar_dense), data-dependent shapes
+# (nonzero, masked_select, boolean indexing), and indexed writes, whose value a Python scalar becomes through a
+# host-to-device copy. One such op in a step leaves the GPU idle while the host catches up.
+SYNCING_OPS = ("aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.masked_select", "aten.index_put",
+               "aten.index_put_", "aten.unique", "aten._unique2")
+
+
+@pytest.mark.parametrize("method", ["simclr", "byol", "mocov3"])
+def test_training_step_never_waits_for_the_device(tiny_overrides, method):
+    """Recorded on the CPU with a dispatch mode, which sees every op the step runs, backward and LARS included.
+    (MoCo's queue reads its fill count until the ring is full: steps 1-2 fill it, step 3 is recorded.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    extra = {"queue_size": 16} if method == "mocov3" else {}
+    cfg = resolve(PretrainConfig(**{**tiny_overrides, "method": method, **extra}))
+    t, _ = pretrain.build_training(cfg, torch.device("cpu"), steps_per_epoch=4)
+    x = [torch.rand(cfg.batch_size, 3, 16, 16) for _ in range(2)]
+    for step in range(2):
+        pretrain.train_step(t, *x, step)
+    with Ops() as ops:
+        pretrain.train_step(t, *x, 2)
+    assert "aten.convolution" in ops.seen or "aten.convolution_backward" in ops.seen  # the mode saw the step
+    assert not sorted(ops.seen & set(SYNCING_OPS)), f"{method}: {sorted(ops.seen & set(SYNCING_OPS))}"
