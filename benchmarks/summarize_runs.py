@@ -22,8 +22,12 @@ for run in map(Path, sys.argv[1:]):
     print(f"   kNN monitor (epoch:top1%) {' '.join(knn)}")
     print(f"   linear top1 {pct(ev['top1'])} vs {pct(b['top1'])} | kNN-200 top1 {pct(ev['knn_top1'])} vs {pct(b['knn_top1'])}"
           f" | kNN-20 majority {pct(ev.get('knn_majority_top1'))} vs {pct(b.get('knn_majority_top1'))}")
-    if few:
-        fb = few["baseline"]
-        print(f"   {few['k']} labels/class: linear top1 {pct(few['top1'])} vs {pct(fb['top1'])} | kNN-200 top1 "
-              f"{pct(few['knn_top1'])} vs {pct(fb['knn_top1'])} | kNN-20 majority {pct(few.get('knn_majority_top1'))} vs "
-              f"{pct(fb.get('knn_majority_top1'))}")
+    if few and "gain" in few:  # means over draws; the paired gain's std says whether the gain is more than the draw
+        fb, g, gs = few["baseline"], few["gain"], few["gain_std"]
+        print(f"   {few['k']} labels/class, mean of {few['draws']} draws (pretrained vs random, paired gain ± std pt):")
+        metrics = (("linear top1", "top1"), ("kNN-200 top1", "knn_top1"), ("kNN-20 majority", "knn_majority_top1"))
+        print("     " + " | ".join(f"{name} {pct(few[key])} vs {pct(fb[key])} ({100 * g[key]:+.1f} ± {100 * gs[key]:.1f})"
+                                   for name, key in metrics))
+    elif few:
+        print(f"   {few['k']} labels/class: single draw (older linear.json): linear top1 {pct(few['top1'])} vs "
+              f"{pct(few['baseline']['top1'])}; re-run linear-eval for means over draws")

@@ -14,6 +14,7 @@ names with a suffix for that SPEC). The ways an SSL number gets inflated are clo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -38,6 +39,9 @@ from stages.pretrain import PretrainConfig, build_model, seed_everything, store_
 # Inverse L2 strengths on standardised features, a decade apart from strong to weak regularisation: five fits are
 # cheap next to feature extraction, and a finer grid would mostly fit the noise of a small held-out part.
 C_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
+CV_BELOW = 10  # below this many images in a class a held-out part is 1-2 of them: too few to rank C, so use k-fold
+CV_FOLDS = 5  # the usual k, capped at the smallest class's count so every fold holds out every class
+METRICS = ("top1", "top5", "knn_top1", "knn_majority_top1")
 MAX_ITER = 1000  # lbfgs needs tens of iterations on standardised features; the cap only stops pathologies
 MAX_EXTRA_UPSCALE = 2.0  # --data images may be upscaled at most this much more than the run's own images were
 NATIVE_SAMPLE = 1000  # folder images whose header is read to estimate the native size (evenly spaced, not random)
@@ -49,18 +53,21 @@ class EvalConfig:
     data: str = opt("", "labelled data SPEC to evaluate on; empty = the run's own data on its recorded split")
     device: str = opt("auto", "where features are extracted; always fp32", choices=("auto", "cpu", "cuda", "mps"))
     labels_per_class: int = opt(0, "also probe with only K labelled train images per class (0 = off; K >= 2)")
+    label_draws: int = opt(5, "independent K-per-class draws averaged: one draw of a few images is mostly noise")
     batch_size: int = opt(256, "images per feature-extraction batch; memory only (eval-mode BN: no batch effects)")
-    holdout_fraction: float = opt(0.2, "part of each train class held out to choose the linear probe's C; val never is")
+    holdout_fraction: float = opt(0.2, "part of each train class held out to choose C (k-fold when a class is small)")
     knn_k: int = opt(WEIGHTED_K, "neighbours of the weighted kNN (Wu et al. 2018, as SSL papers report it)")
     knn_temperature: float = opt(TEMPERATURE, "T of the weighted kNN's exp(sim / T) votes")
     majority_k: int = opt(MAJORITY_K, "neighbours of the plain majority-vote kNN")
-    seed: int | None = opt(None, "seed of the held-out part and of the K-per-class draw; None = the run's seed")
+    seed: int | None = opt(None, "seed of the held-out part/folds and of the K-per-class draws; None = the run's seed")
 
 
 def validate(cfg: EvalConfig) -> None:
     if cfg.labels_per_class < 0 or cfg.labels_per_class == 1:
         raise PipelineError(f"--labels-per-class must be 0 (off) or at least 2 (one image per class to fit, one to "
                             f"choose C on), got {cfg.labels_per_class}")
+    if cfg.label_draws < 1:
+        raise PipelineError(f"--label-draws must be >= 1 (draws of K images per class to average), got {cfg.label_draws}")
     if not 0.0 < cfg.holdout_fraction < 1.0:
         raise PipelineError(f"--holdout-fraction must be in (0, 1), got {cfg.holdout_fraction}")
     if cfg.knn_k < 1 or cfg.majority_k < 1:
@@ -248,6 +255,15 @@ def holdout_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.nd
     return np.sort(np.concatenate(fit)), np.sort(np.concatenate(held))
 
 
+@functools.cache
+def _blas_controller():
+    """Built once: threadpool_limits rescans the loaded libraries on every call, a third of a few-label fit's time
+    (the k-fold selection makes hundreds). Called after sklearn is imported, so its BLAS is already loaded."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
 def fit_probe(x: np.ndarray, y: np.ndarray, c: float):
     """StandardScaler (fitted on these rows only) + L2 logistic regression (lbfgs: deterministic)."""
     from sklearn.exceptions import ConvergenceWarning
@@ -255,31 +271,42 @@ def fit_probe(x: np.ndarray, y: np.ndarray, c: float):
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from threadpoolctl import threadpool_limits
-
     model = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=MAX_ITER))
     # One BLAS thread: the fit no longer depends on the core count (threaded sums round differently), and
     # OpenBLAS's thread hand-offs cost more than they save at this size (measured on 2 busy cores: 8 ms vs
     # 0.1 ms per L-BFGS step with 2k parameters).
-    with warnings.catch_warnings(), threadpool_limits(limits=1, user_api="blas"):
+    with warnings.catch_warnings(), _blas_controller().limit(limits=1, user_api="blas"):
         warnings.simplefilter("ignore", ConvergenceWarning)  # recorded per fit instead (n_iter == MAX_ITER)
         model.fit(x, y)
     return model
 
 
+def selection_splits(labels: np.ndarray, holdout_fraction: float, seed: int) -> tuple[str, list[tuple[np.ndarray, np.ndarray]]]:
+    """(method, [(fit, held-out) indices]). A class with 2 to CV_BELOW - 1 images: stratified k-fold, k = min(CV_FOLDS,
+    smallest class), so every image is held out exactly once; else one per-class held-out part (a full train split:
+    cheap and large enough; a class with one image cannot be in every fold)."""
+    smallest = int(np.unique(labels, return_counts=True)[1].min())
+    if not 2 <= smallest < CV_BELOW:
+        return "holdout", [holdout_split(labels, holdout_fraction, seed)]
+    from sklearn.model_selection import StratifiedKFold
+
+    folds = min(CV_FOLDS, smallest)
+    kfold = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    return f"stratified {folds}-fold", list(kfold.split(np.zeros((len(labels), 1)), labels))
+
+
 def choose_c(train_x: np.ndarray, train_y: np.ndarray, holdout_fraction: float, seed: int) -> dict:
-    """Model selection on the train split alone (val is not an argument, so it cannot leak in): fit each C of
-    the grid on the fit part, score top-1 on the held-out part; ties go to the smaller C (stronger L2)."""
-    fit, held = holdout_split(train_y, holdout_fraction, seed)
-    if len(held) == 0:
+    """Model selection on the train rows alone (val is not an argument, so it cannot leak in): each C of the grid
+    is scored by its mean held-out top-1 over the splits of selection_splits; ties go to the smaller C (stronger L2)."""
+    method, splits = selection_splits(train_y, holdout_fraction, seed)
+    if len(splits[0][1]) == 0:
         raise PipelineError("every class has a single labelled train image: none can be held out to choose C")
-    scores = {}
-    for c in C_GRID:
-        model = fit_probe(train_x[fit], train_y[fit], c)
-        scores[c] = float((model.predict(train_x[held]) == train_y[held]).mean())
+    scores = {c: float(np.mean([(fit_probe(train_x[fit], train_y[fit], c).predict(train_x[held]) == train_y[held]).mean()
+                                for fit, held in splits])) for c in C_GRID}
     best = max(C_GRID, key=lambda c: (scores[c], -c))
-    return {"c": best, "holdout_top1_by_c": {f"{c:g}": s for c, s in scores.items()}, "fit_size": len(fit),
-            "holdout_size": len(held)}
+    sizes = ({"fit_size": len(splits[0][0]), "holdout_size": len(splits[0][1])} if method == "holdout" else
+             {"fit_size_per_fold": [len(f) for f, _ in splits], "holdout_size_per_fold": [len(h) for _, h in splits]})
+    return {"c": best, "method": method, "holdout_top1_by_c": {f"{c:g}": s for c, s in scores.items()}, **sizes}
 
 
 def linear_probe(train_x, train_y, val_x, val_y, num_classes: int, holdout_fraction: float, seed: int) -> dict:
@@ -305,15 +332,15 @@ def probes(train_x: torch.Tensor, train_y: np.ndarray, val_x: torch.Tensor, val_
             "knn_majority_top1": topk_accuracy(majority, vy, 1), "selection": lin["selection"]}
 
 
-def per_class_subset(labels: np.ndarray, k: int, seed: int, classes: list[str]) -> np.ndarray:
-    """K train indices per class, deterministic in (seed, K). Classes absent from train are absent here too."""
+def per_class_subset(labels: np.ndarray, k: int, seed: int, classes: list[str], draw: int = 0) -> np.ndarray:
+    """K train indices per class, deterministic in (seed, K, draw). Classes absent from train are absent here too."""
     present, counts = np.unique(labels, return_counts=True)
     smallest = int(np.argmin(counts))
     if k > counts[smallest]:
         name = classes[present[smallest]] if present[smallest] < len(classes) else str(present[smallest])
         raise PipelineError(f"--labels-per-class {k} is more than the {counts[smallest]} train images of class "
                             f"{name!r}: use at most {counts[smallest]}")
-    rng = np.random.default_rng([seed, k])
+    rng = np.random.default_rng([seed, k, draw])
     return np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:k] for c in present]))
 
 
@@ -323,6 +350,31 @@ def _both(feats: dict, rows, train_y, val_y, num_classes, cfg, seed) -> dict:
     sel = {"pretrained": res["pretrained"].pop("selection"), "baseline": res["random"].pop("selection")}
     return {**res["pretrained"], "baseline": res["random"], "knn_k_used": min(cfg.knn_k, len(rows)),
             "majority_k_used": min(cfg.majority_k, len(rows)), "linear_selection": sel}
+
+
+def _over_draws(values: dict, reduce) -> dict:
+    """reduce (np.mean or np.std) of each metric's per-draw values; None stays None (top-5 with <= 5 classes)."""
+    return {m: None if None in v else float(reduce(v)) for m, v in values.items()}
+
+
+def few_label_probes(feats: dict, train_y, val_y, num_classes: int, classes: list[str], cfg: EvalConfig, seed: int) -> dict:
+    """The K-per-class probes once per draw, on the same rows for both backbones: means and stds over draws, and
+    the paired gain, whose per-draw differences cancel what a lucky or unlucky draw does to both."""
+    per_draw, selections = [], []
+    for d in range(cfg.label_draws):
+        rows = per_class_subset(train_y, cfg.labels_per_class, seed, classes, d)
+        res = _both(feats, rows, train_y, val_y, num_classes, cfg, seed)
+        selections.append(res.pop("linear_selection"))
+        k_used = {key: res.pop(key) for key in ("knn_k_used", "majority_k_used")}  # every draw has the same size
+        per_draw.append(res)
+    pre = {m: [r[m] for r in per_draw] for m in METRICS}
+    base = {m: [r["baseline"][m] for r in per_draw] for m in METRICS}
+    diff = {m: [None if a is None else a - b for a, b in zip(pre[m], base[m])] for m in METRICS}
+    return {"k": cfg.labels_per_class, "num_train": len(rows), "draws": cfg.label_draws, **_over_draws(pre, np.mean),
+            "baseline": _over_draws(base, np.mean),
+            "std": {"pretrained": _over_draws(pre, np.std), "baseline": _over_draws(base, np.std)},
+            "gain": _over_draws(diff, np.mean), "gain_std": _over_draws(diff, np.std), **k_used,
+            "per_draw": per_draw, "linear_selection": selections}
 
 
 # --- the stage
@@ -351,7 +403,7 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
     train_y = data.labels[torch.as_tensor(split["train"], dtype=torch.long)].numpy()
     val_y = data.labels[torch.as_tensor(split["val"], dtype=torch.long)].numpy()
     num_classes = len(data.classes)
-    few_rows = per_class_subset(train_y, cfg.labels_per_class, seed, data.classes) if cfg.labels_per_class else None
+    few = few_label_probes(feats, train_y, val_y, num_classes, data.classes, cfg, seed) if cfg.labels_per_class else None
     result = _both(feats, np.arange(len(train_y)), train_y, val_y, num_classes, cfg, seed)
     selection = result.pop("linear_selection")
     del result["knn_k_used"], result["majority_k_used"]  # the protocol records them
@@ -362,7 +414,10 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
         "view": "center crop" if data.images.shape[-1] >= run_cfg.image_size else "resize",
         "precision": "fp32, eval mode, no augmentation", "feature_device": devices, "feature_dim": int(feats["pretrained"][0].shape[1]),
         "linear": {"model": "StandardScaler + LogisticRegression(lbfgs, L2)", "c_grid": list(C_GRID), "max_iter": MAX_ITER,
-                   "selection": f"top-1 on a per-class held-out {cfg.holdout_fraction:g} of train (seed {seed}); val never used",
+                   "selection": f"C by mean held-out top-1 over splits of the train rows alone (seed {seed}; ties go to "
+                                f"the smaller C): stratified k-fold, k = min({CV_FOLDS}, smallest class), when the smallest "
+                                f"class has 2 to {CV_BELOW - 1} rows, else a per-class held-out {cfg.holdout_fraction:g}; "
+                                f"val never used",
                    **selection},
         "knn": {"metric": "cosine", "weighting": "exp(sim / T)", "k": cfg.knn_k, "k_used": min(cfg.knn_k, len(train_y)),
                 "temperature": cfg.knn_temperature, "majority_k": cfg.majority_k,
@@ -372,9 +427,13 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
                          "method": run_cfg.method, "backbone": run_cfg.backbone, "weights_sha256": hashes["pretrained"]}
     out["baseline_init"] = {"seed": run_cfg.seed, "weights_sha256": hashes["random"],
                             "how": "seed_everything(seed) then build_model(config): the weights pretraining started from"}
-    if few_rows is not None:
-        few = _both(feats, few_rows, train_y, val_y, num_classes, cfg, seed)
-        out["labels_per_class"] = {"k": cfg.labels_per_class, "num_train": len(few_rows), **few}
+    if few is not None:
+        out["labels_per_class"] = few
+        out["protocol"]["labels_per_class"] = {
+            "k": cfg.labels_per_class, "draws": cfg.label_draws,
+            "rows": "draw d: K train images per class, seeded by (seed, K, d); the same rows for both backbones",
+            "selection": "C chosen per draw and backbone on that draw's labelled rows alone, as for linear (above)",
+            "summary": "mean and population std over draws; gain = mean and std of the per-draw paired differences"}
     path = eval_dir / f"linear{tag}.json"
     rundir.write_json_atomic(path, out)
     say(f"wrote {path}")
@@ -398,9 +457,19 @@ def format_table(result: dict) -> str:
     out = [f"{'metric':40s} {'pretrained':>10s} {'random init':>11s} {'gain':>10s}"]
     out += [line(name, result[key], result["baseline"][key]) for name, key in rows(knn["k_used"], knn["majority_k_used"])]
     few = result.get("labels_per_class")
-    if few:
-        out += [line(name, few[key], few["baseline"][key]) for name, key in rows(few["knn_k_used"], few["majority_k_used"], f", {few['k']}/class")
-                if key != "top5"]
+    if few and "per_draw" not in few:  # a linear.json from before draws: no spread to show
+        out.append(f"({few['k']} labels/class: an older single-draw result; re-run linear-eval for mean ± std over draws)")
+    elif few:
+        def spread(m: float, s: float, sign: str = "", unit: str = "%") -> str:
+            return f"{100 * m:{sign}.1f} ± {100 * s:.1f}{unit}"
+
+        title = f"few labels: mean ± std over {few['draws']} draws"
+        out.append(f"{title:40s} {'pretrained':>13s} {'random init':>13s} {'paired gain':>16s}")
+        for name, key in rows(few["knn_k_used"], few["majority_k_used"], f", {few['k']}/class"):
+            if key != "top5":
+                out.append(f"{name:40s} {spread(few[key], few['std']['pretrained'][key]):>13s} "
+                           f"{spread(few['baseline'][key], few['std']['baseline'][key]):>13s} "
+                           f"{spread(few['gain'][key], few['gain_std'][key], '+', ' pt'):>16s}")
     out.append(f"({result['num_train']} train / {result['num_val']} val images, {result['num_classes']} classes, "
                f"{result['protocol']['data']}; {result['checkpoint']['method']}/{result['checkpoint']['backbone']} "
                f"at step {result['checkpoint']['step']})")

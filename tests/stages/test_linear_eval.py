@@ -25,6 +25,7 @@ from stages.knn import make_monitor
 TINY = dict(data="synthetic:24", backbone="resnet18", image_size=8, batch_size=8, epochs=2, proj_hidden_dim=32,
             proj_dim=16, pred_hidden_dim=32, device="cpu", num_workers=0, warmup_epochs=0.5, log_every=1, seed=0)
 QUIET = dict(say=lambda *_: None)
+FEW = dict(device="cpu", labels_per_class=3, label_draws=2)  # 2 draws, not 5: each costs 2 x 16 probe fits
 FOLDER_CFG = pretrain.PretrainConfig(**{**TINY, "image_size": 16, "val_fraction": 0.25})  # 4 images a class: 1 to val
 
 
@@ -49,7 +50,7 @@ def trained(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pretrain, "build_model", recording_build)
         cfg = _pretrain(out, knn_every=1)
-    result = le.run(le.EvalConfig(device="cpu", labels_per_class=3), out, **QUIET)
+    result = le.run(le.EvalConfig(**FEW), out, **QUIET)
     return {"dir": out, "cfg": cfg, "step0": step0["state"], "result": result}
 
 
@@ -99,6 +100,7 @@ def test_linear_probe_reaches_100_percent_on_separable_features():
     x, y = _blobs(400)
     res = le.linear_probe(x[:300], y[:300], x[300:], y[300:], 10, 0.2, seed=0)
     assert res["top1"] >= 0.99 and res["top5"] == 1.0
+    assert res["selection"]["method"] == "holdout"  # 30 images a class: one held-out part is enough
     assert res["selection"]["fit_size"] + res["selection"]["holdout_size"] == 300
     again = le.linear_probe(x[:300], y[:300], x[300:], y[300:], 10, 0.2, seed=0)
     assert again == res  # deterministic, selection included
@@ -126,6 +128,59 @@ def test_holdout_split_is_per_class_and_works_with_few_labels():
     assert np.bincount(y[held]).tolist() == [1] * 10 and np.bincount(y[fit]).tolist() == [1] * 10
 
 
+def test_few_labels_choose_c_by_stratified_cv_holding_each_row_out_once(monkeypatch):
+    x, y = _blobs(50, seed=3)  # 5 a class: one held-out part would be 1 image a class, and every C would tie
+    method, splits = le.selection_splits(y, 0.2, seed=0)
+    assert method == "stratified 5-fold" and len(splits) == 5
+    assert sorted(np.concatenate([held for _, held in splits]).tolist()) == list(range(50))  # each row once
+    for fit, held in splits:
+        assert sorted(np.concatenate([fit, held]).tolist()) == list(range(50))
+        assert np.bincount(y[held]).tolist() == [1] * 10  # stratified: every class in every fold
+    sizes = []
+    real = le.fit_probe
+    monkeypatch.setattr(le, "fit_probe", lambda fx, fy, c: sizes.append(len(fx)) or real(fx, fy, c))
+    sel = le.choose_c(x, y, 0.2, seed=0)
+    assert sel["method"] == "stratified 5-fold" and sel["c"] in le.C_GRID
+    assert sel["fit_size_per_fold"] == [40] * 5 and sel["holdout_size_per_fold"] == [10] * 5
+    assert sizes == [40] * 5 * len(le.C_GRID)  # every C scored on every fold
+    assert le.selection_splits(np.repeat(np.arange(10), 3), 0.2, 0)[0] == "stratified 3-fold"
+    assert le.selection_splits(np.repeat(np.arange(10), le.CV_BELOW), 0.2, 0)[0] == "holdout"
+
+
+def _features(n_train=48, n_val=60, classes=6):
+    """The same images as separable blobs ("pretrained") and as noise ("random init"), train then val."""
+    x, y = _blobs(n_train + n_val, classes=classes, dim=16, seed=4)
+    noise = np.random.default_rng(5).normal(size=x.shape)
+    parts = lambda a: (torch.tensor(a[:n_train], dtype=torch.float32), torch.tensor(a[n_train:], dtype=torch.float32))
+    return {"pretrained": parts(x), "random": parts(noise)}, y[:n_train], y[n_train:]
+
+
+def test_few_label_draws_share_rows_across_backbones_and_report_their_mean(monkeypatch):
+    feats, train_y, val_y = _features()
+    cfg = le.EvalConfig(labels_per_class=3, label_draws=3)
+    drawn, probed = [], []
+    real_subset, real_probes = le.per_class_subset, le.probes
+    monkeypatch.setattr(le, "per_class_subset", lambda *a: drawn.append(real_subset(*a)) or drawn[-1])
+    monkeypatch.setattr(le, "probes", lambda tx, ty, *a: probed.append((tx, ty)) or real_probes(tx, ty, *a))
+    few = le.few_label_probes(feats, train_y, val_y, 6, list("abcdef"), cfg, seed=0)
+    assert len(drawn) == few["draws"] == len(few["per_draw"]) == len(few["linear_selection"]) == 3
+    assert len({tuple(rows) for rows in drawn}) == 3  # each draw its own rows ...
+    for d, rows in enumerate(drawn):  # ... K of each class, the same for both backbones
+        assert np.bincount(train_y[rows]).tolist() == [3] * 6 and few["num_train"] == len(rows)
+        (px, py), (rx, ry) = probed[2 * d], probed[2 * d + 1]
+        assert torch.equal(px, feats["pretrained"][0][rows]) and torch.equal(rx, feats["random"][0][rows])
+        assert np.array_equal(py, train_y[rows]) and np.array_equal(ry, train_y[rows])
+    for m in le.METRICS:
+        pre, base = [r[m] for r in few["per_draw"]], [r["baseline"][m] for r in few["per_draw"]]
+        diff = np.subtract(pre, base)  # paired: draw by draw
+        assert (few[m], few["baseline"][m]) == pytest.approx((np.mean(pre), np.mean(base)))
+        assert (few["std"]["pretrained"][m], few["std"]["baseline"][m]) == pytest.approx((np.std(pre), np.std(base)))
+        assert (few["gain"][m], few["gain_std"][m]) == pytest.approx((np.mean(diff), np.std(diff)))
+    assert few["gain"]["top1"] > 0.2  # separable blobs beat noise
+    again = le.few_label_probes(feats, train_y, val_y, 6, list("abcdef"), cfg, seed=0)
+    assert json.dumps(again) == json.dumps(few)  # deterministic in the seed, selections included
+
+
 # --- the stage on a real (tiny) run
 
 def test_baseline_is_exactly_the_step0_init(trained):
@@ -149,8 +204,21 @@ def test_linear_json_contract(trained):
     assert (r["num_train"], r["num_val"]) == (len(split["train"]), len(split["val"]))
     assert r["protocol"]["knn"]["k_used"] == min(200, r["num_train"]) and r["protocol"]["knn"]["temperature"] == 0.1
     assert r["protocol"]["linear"]["pretrained"]["c"] in le.C_GRID
-    assert r["labels_per_class"]["num_train"] == 3 * 4
+    few = r["labels_per_class"]
+    assert few["num_train"] == 3 * 4 and few["draws"] == 2 and len(few["per_draw"]) == len(few["linear_selection"]) == 2
+    assert few["top5"] is None and few["std"]["baseline"]["top5"] is None and few["gain_std"]["top5"] is None
+    assert {s["pretrained"]["method"] for s in few["linear_selection"]} == {"stratified 3-fold"}  # 3 a class
+    assert "draws" in r["protocol"]["labels_per_class"] and "fold" in r["protocol"]["linear"]["selection"]
     assert r == trained["result"]
+
+
+def test_table_shows_few_label_spread_and_paired_gain(trained):
+    lines = le.format_table(trained["result"]).splitlines()
+    few = [line for line in lines if "3/class" in line]
+    assert len(few) == 3 and all(line.count("±") == 3 and line.endswith(" pt") for line in few)
+    assert any("over 2 draws" in line for line in lines) and max(map(len, lines)) < 110
+    old = {**trained["result"], "labels_per_class": {"k": 3, "top1": 0.5, "baseline": {"top1": 0.25}}}
+    assert "older single-draw" in le.format_table(old)  # a linear.json from before draws still shows
 
 
 def test_cached_features_are_reused_then_invalidated_by_new_weights(trained, tmp_path, monkeypatch):
@@ -161,7 +229,7 @@ def test_cached_features_are_reused_then_invalidated_by_new_weights(trained, tmp
     ckpt = torch.load(trained["dir"] / rundir.LAST_CHECKPOINT, weights_only=False)
     (run / rundir.CHECKPOINTS).mkdir()
     torch.save(ckpt, run / rundir.LAST_CHECKPOINT)
-    again = le.run(le.EvalConfig(device="cpu", labels_per_class=3), run, **QUIET)
+    again = le.run(le.EvalConfig(**FEW), run, **QUIET)
     assert calls == []  # from the cache ...
     assert {k: v for k, v in again.items() if k != "checkpoint"} == {k: v for k, v in trained["result"].items() if k != "checkpoint"}
     ckpt["model"]["backbone.conv1.weight"] += 0.5
@@ -177,8 +245,8 @@ def test_selection_in_the_stage_never_receives_val_rows(trained, tmp_path, monke
     seen = []
     real = le.choose_c
     monkeypatch.setattr(le, "choose_c", lambda tx, ty, *a: seen.append(tx) or real(tx, ty, *a))
-    le.run(le.EvalConfig(device="cpu", labels_per_class=2), _shadow(trained, tmp_path), **QUIET)
-    assert len(seen) == 4  # pretrained + baseline, full + few labels
+    le.run(le.EvalConfig(device="cpu", labels_per_class=2, label_draws=2), _shadow(trained, tmp_path), **QUIET)
+    assert len(seen) == 2 + 2 * 2  # pretrained + baseline: full, then each few-label draw
     for tx in seen:
         assert not any((tx == row).all(1).any() for row in val_rows)
 
@@ -209,6 +277,8 @@ def test_labels_per_class_bounds(trained):
         le.run(le.EvalConfig(device="cpu", labels_per_class=50), trained["dir"], **QUIET)
     with pytest.raises(PipelineError, match="at least 2"):
         le.run(le.EvalConfig(device="cpu", labels_per_class=1), trained["dir"], **QUIET)
+    with pytest.raises(PipelineError, match="--label-draws must be >= 1"):
+        le.run(le.EvalConfig(device="cpu", labels_per_class=3, label_draws=0), trained["dir"], **QUIET)
 
 
 def test_run_without_checkpoint(tmp_path):
@@ -280,3 +350,5 @@ def test_cli_prints_table_and_one_line_errors(trained, tmp_path):
     res = CliRunner().invoke(main, ["linear-eval", "--run", str(tmp_path / "empty")])
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert res.output.strip().splitlines()[-1].startswith("error: no checkpoint at")
+    res = CliRunner().invoke(main, ["linear-eval", "--run", str(tmp_path / "empty"), "--label-draws", "0"])
+    assert res.exit_code == 2 and res.output.strip().splitlines()[-1].startswith("error: --label-draws must be >= 1")
