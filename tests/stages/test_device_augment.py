@@ -39,6 +39,20 @@ def test_every_op_forced_on_matches():
         torch.testing.assert_close(device_augment.apply_views(images, p, 72), _reference(images, p, 72), atol=2e-5, rtol=0)
 
 
+def test_all_24_jitter_orders_match():
+    """Hue at each of the 4 positions, with every order of the blends around it (the device path splits each
+    order at hue): one image per permutation, strong factors so a wrong order shows."""
+    import itertools
+
+    g = torch.Generator().manual_seed(4)
+    images = torch.randint(0, 256, (24, 3, 20, 20), dtype=torch.uint8, generator=g)
+    recipe = augment.ViewRecipe(crop_scale=(1, 1), crop_ratio=(1, 1), flip_p=0, jitter_p=1.0, gray_p=0,
+                                brightness=0.6, contrast=0.9, saturation=0.9, hue=0.4)
+    p = augment.sample_params(24, recipe, 20, np.random.default_rng(4))
+    p["jitter_order"] = torch.tensor(list(itertools.permutations(range(4))))
+    torch.testing.assert_close(device_augment.apply_views(images, p, 20), _reference(images, p, 20), atol=2e-5, rtol=0)
+
+
 def test_fp16_work_dtype_stays_within_a_fraction_of_a_uint8_step():
     g = torch.Generator().manual_seed(2)
     images = torch.randint(0, 256, (8, 3, 100, 100), dtype=torch.uint8, generator=g)
