@@ -140,3 +140,40 @@ def test_pretrain_with_device_augment_resumes_exactly(tmp_path, tiny_overrides):
     assert a["step"] == b["step"] == 8
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
+
+
+def test_ahead_yields_in_order_from_a_worker_and_the_first_here():
+    import threading
+
+    where = {}
+
+    def produce(b):
+        where[b] = threading.current_thread() is threading.main_thread()
+        return b * b
+
+    assert list(device_augment.ahead(produce, 2, 9)) == [b * b for b in range(2, 9)]
+    assert where[2] and not any(where[b] for b in range(3, 9))
+    assert list(device_augment.ahead(produce, 5, 5)) == []
+
+
+def test_ahead_raises_the_workers_error_and_stops_when_closed_early():
+    import threading
+    import time
+
+    def failing(b):
+        if b == 3:
+            raise ValueError("bad batch 3")
+        return b
+
+    got = []
+    with pytest.raises(ValueError, match="bad batch 3"):
+        for b in device_augment.ahead(failing, 0, 10):
+            got.append(b)
+    assert got == [0, 1, 2]
+
+    made = []
+    gen = device_augment.ahead(lambda b: made.append(b) or b, 0, 1000, depth=2)
+    assert next(gen) == 0 and next(gen) == 1
+    gen.close()  # joins the worker
+    time.sleep(0.05)
+    assert len(made) <= 5 and not any(t.name == "device-augment" for t in threading.enumerate())
