@@ -2,7 +2,7 @@
 # Issues 2 and 3 on one NVIDIA GPU: each method's paper recipe (configs/<method>.yaml) on digits at 32 px with
 # ResNet-18 for EPOCHS epochs (batch 256: 6 steps per epoch), then linear-eval (all labels, and 5 per class over
 # 5 draws) against the random init. All runs share the one GPU side by side; each writes LOGDIR/<name>.log.
-# Besides the three recipes, RUNS_EXTRA may name variants as "name:method:flags;..." (e.g. a BYOL learning rate).
+# METHODS picks recipes (default: all three); RUNS_EXTRA may add variants as "name:method:flags;..." (e.g. a BYOL learning rate).
 # Usage: benchmarks/train_eval_gpu.sh [EPOCHS] [RUNDIR] [LOGDIR]
 set -uo pipefail
 EPOCHS=${1:-50}
@@ -11,7 +11,9 @@ LOGS=${3:-$RUNS}
 PY=${PY:-python3}
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 mkdir -p "$LOGS"
-specs="simclr:simclr:;byol:byol:;mocov3:mocov3:;${RUNS_EXTRA:-}"
+specs=""
+for m in ${METHODS:-simclr byol mocov3}; do specs+="$m:$m:;"; done
+specs+="${RUNS_EXTRA:-}"
 names=()
 IFS=';' read -ra entries <<< "$specs"
 for entry in "${entries[@]}"; do
