@@ -195,7 +195,8 @@ def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, chann
     device = next(backbone.parameters()).device
     saved = [b.detach().clone() for b in backbone.buffers()]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    sample = torch.randn(batch, 3, image_size, image_size, device=device).contiguous(memory_format=fmt)
+    own = torch.Generator(device).manual_seed(0)  # not the global CUDA generator: its state is the run's
+    sample = torch.randn(batch, 3, image_size, image_size, device=device, generator=own).contiguous(memory_format=fmt)
     amp = (torch.autocast(device.type, dtype=precision.backbone_dtype, cache_enabled=False)  # capture needs no cache
            if precision.backbone_dtype is not None else contextlib.nullcontext())
     with amp:
