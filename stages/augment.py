@@ -125,7 +125,7 @@ def apply_view(img: torch.Tensor, p: dict[str, torch.Tensor], i: int, out_size: 
 
 def view_seed(seed: int, epoch: int, index: int) -> int:
     """A distinct, reproducible stream per (run seed, epoch, image)."""
-    return ((seed * 1_000_003 + epoch) * 10_000_019 + index) % (1 << 63)  # non-negative: numpy seeds must be
+    return ((seed * 1_000_003 + epoch) * 10_000_019 + index) % (1 << 63)  # numpy seeds must be non-negative
 
 
 class TwoViewDataset(torch.utils.data.Dataset):

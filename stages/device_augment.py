@@ -77,7 +77,7 @@ def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict, np.ndarray]:
     order = p["jitter_order"]
     at_hue = np.argmax(order == 3, axis=1)  # position of hue in each order
     slot = np.arange(3)[None, :]
-    before = np.where(slot < at_hue[:, None], np.take_along_axis(order, np.minimum(slot, 3), 1), -1)
+    before = np.where(slot < at_hue[:, None], order[:, :3], -1)
     after = np.where(slot + at_hue[:, None] + 1 < 4, np.take_along_axis(order, np.minimum(slot + at_hue[:, None] + 1, 3), 1), -1)
     rounds = np.where(p["jitter"][:, None], np.concatenate([before, after], 1), -1)  # (m, 6): blend op per slot, -1 none
     factor = np.stack([p["brightness"], p["contrast"], p["saturation"]], 1).astype(np.float64)

@@ -38,15 +38,14 @@ class LARS(torch.optim.Optimizer):
                 torch._foreach_mul_(md, list(trust.unbind()))
                 for i, d in zip(mats, md):
                     grads[i] = d
-            old = [i for i, p in enumerate(params) if "momentum_buffer" in self.state[p]]
-            if old:
-                bufs = [self.state[params[i]]["momentum_buffer"] for i in old]
-                torch._foreach_mul_(bufs, group["momentum"])
-                torch._foreach_add_(bufs, [grads[i] for i in old])
-            for p, d in zip(params, grads):  # first step: the buffer starts as the first update
+            # A new buffer starts at zero, so the first update leaves it equal to d, as the papers' first step.
+            for p in params:
                 if "momentum_buffer" not in self.state[p]:
-                    self.state[p]["momentum_buffer"] = d.clone()
-            torch._foreach_add_(params, [self.state[p]["momentum_buffer"] for p in params], alpha=-group["lr"])
+                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+            bufs = [self.state[p]["momentum_buffer"] for p in params]
+            torch._foreach_mul_(bufs, group["momentum"])
+            torch._foreach_add_(bufs, grads)
+            torch._foreach_add_(params, bufs, alpha=-group["lr"])
         return loss
 
 
