@@ -11,15 +11,22 @@ def pct(x):
 
 
 for run in map(Path, sys.argv[1:]):
+    if not (run / "metrics.jsonl").is_file():
+        print(f"== {run.name}: no metrics.jsonl (pretraining did not start; see its log)")
+        continue
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     losses = [l for l in lines if "loss" in l]
     knn = [f"{l['epoch']}:{pct(l['knn_top1'])}" for l in lines if "knn_top1" in l]
+    if losses:
+        print(f"== {run.name}: steps {losses[-1]['step']}, loss {losses[0]['loss']:.4f} (step {losses[0]['step']}) -> "
+              f"{losses[-1]['loss']:.4f} (step {losses[-1]['step']}), median img/s {sorted(l['img_s'] for l in losses)[len(losses) // 2]:.0f}")
+    print(f"   kNN monitor (epoch:top1%) {' '.join(knn)}")
+    if not (run / "eval" / "linear.json").is_file():
+        print("   no eval/linear.json (linear-eval did not finish; see its log)")
+        continue
     ev = json.loads((run / "eval" / "linear.json").read_text())
     b = ev["baseline"]
     few = ev.get("labels_per_class") or {}
-    print(f"== {run.name}: steps {losses[-1]['step']}, loss {losses[0]['loss']:.4f} (step {losses[0]['step']}) -> "
-          f"{losses[-1]['loss']:.4f} (step {losses[-1]['step']}), median img/s {sorted(l['img_s'] for l in losses)[len(losses) // 2]:.0f}")
-    print(f"   kNN monitor (epoch:top1%) {' '.join(knn)}")
     print(f"   linear top1 {pct(ev['top1'])} vs {pct(b['top1'])} | kNN-200 top1 {pct(ev['knn_top1'])} vs {pct(b['knn_top1'])}"
           f" | kNN-20 majority {pct(ev.get('knn_majority_top1'))} vs {pct(b.get('knn_majority_top1'))}")
     if few and "gain" in few:  # means over draws; the paired gain's std says whether the gain is more than the draw

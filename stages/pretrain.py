@@ -50,6 +50,7 @@ class PretrainConfig:
     lr: float | None = opt(None, "base learning rate per 256 images; None = the method's paper value")
     lr_scaling: str = opt("linear", "peak lr = lr x batch/256 (linear, as the papers) or lr x sqrt(batch/256)", choices=("linear", "sqrt", "none"))
     optimizer: str | None = opt(None, "None = the method's paper optimizer (LARS)", choices=("lars", "sgd", "adamw"))
+    lars_eta: float = opt(0.001, "LARS trust coefficient: each weight matrix moves by about lr x eta of its norm per step (the papers' 0.001 suits their 100k+ steps; small data trains for a few thousand and wants more, e.g. 0.02)")
     weight_decay: float | None = opt(None, "None = the method's paper value")
     warmup_epochs: float = opt(1.0, "linear warm-up before the cosine decay; short runs need a short warm-up")
     temperature: float | None = opt(None, "softmax temperature (SimCLR, MoCo v3); None = paper value")
@@ -72,6 +73,7 @@ class PretrainConfig:
     max_steps: int = opt(0, "stop after this many total steps (0 = run all epochs); the schedule still spans all epochs")
     log_every: int = opt(10, "steps between metrics.jsonl lines")
     save_every: int = opt(0, "also keep checkpoints/epoch_NNNN.pt every N epochs (0 = only last.pt)")
+    checkpoint_every_s: float = opt(120.0, "write checkpoints/last.pt at the first epoch end this many seconds after the last write, and at the end; a crash loses at most this much training (0 = every epoch: on small data one write, ~190 MB for BYOL, took longer than an epoch)")
     knn_every: int = opt(0, "kNN top-1 of val against train into metrics.jsonl every N epochs (0 = off: costs a pass over the data)")
 
 
@@ -95,6 +97,10 @@ def validate(cfg: PretrainConfig) -> None:
         raise PipelineError(f"epochs must be >= 1, got {cfg.epochs}")
     if cfg.store_size and cfg.store_size < cfg.image_size:
         raise PipelineError(f"store_size {cfg.store_size} is smaller than image_size {cfg.image_size}")
+    if cfg.lars_eta <= 0:
+        raise PipelineError(f"lars_eta must be > 0, got {cfg.lars_eta}")
+    if cfg.checkpoint_every_s < 0:
+        raise PipelineError(f"checkpoint_every_s must be >= 0 (0 = every epoch), got {cfg.checkpoint_every_s}")
     if cfg.queue_size and cfg.method != "mocov3":
         raise PipelineError(f"queue_size is a MoCo v3 option; method is {cfg.method}")
 
@@ -248,7 +254,7 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
     if graphs:  # both views of this process's images go through the backbone as one batch
         graph_backbone(model.backbone, 2 * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
     total_steps = steps_per_epoch * cfg.epochs
-    optimizer = build_optimizer(cfg.optimizer, model.parameters(), peak_lr(cfg), cfg.weight_decay)
+    optimizer = build_optimizer(cfg.optimizer, model.parameters(), peak_lr(cfg), cfg.weight_decay, cfg.lars_eta)
     scheduler = warmup_cosine(optimizer, round(cfg.warmup_epochs * steps_per_epoch), total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
     forward = model
@@ -364,6 +370,7 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     # Each step's loss is looked at (NaN check, log line) one step late: reading it at once would make the host
     # wait for the GPU to finish the step, leaving the GPU idle while the next step is queued.
     pending = None
+    last_write = time.perf_counter()  # when last.pt was last written (or training began)
 
     def look(done: tuple) -> None:
         nonlocal last_loss, window
@@ -405,7 +412,9 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
                 look(pending)
                 pending = None
             epochs_done = step // steps_per_epoch
-            save(run_dir / rundir.LAST_CHECKPOINT, epochs_done)
+            if step >= stop_at or time.perf_counter() - last_write >= cfg.checkpoint_every_s:
+                save(run_dir / rundir.LAST_CHECKPOINT, epochs_done)
+                last_write = time.perf_counter()
             if cfg.save_every and step % steps_per_epoch == 0 and epochs_done % cfg.save_every == 0:
                 save(run_dir / rundir.CHECKPOINTS / f"epoch_{epochs_done:04d}.pt", epochs_done)
             # Online kNN monitor (stages/knn.py): val queries against the train bank, eval mode, fp32, no RNG drawn.

@@ -70,6 +70,24 @@ def test_run_directory_layout(tmp_path, tiny_overrides):
     assert not list(out.rglob("*.tmp"))
 
 
+@pytest.mark.parametrize("every_s,writes", [(0, 3), (1e9, 1)])
+def test_last_checkpoint_written_by_time_and_at_the_end(tmp_path, tiny_overrides, monkeypatch, every_s, writes):
+    """On small data one checkpoint write cost more than an epoch: last.pt is written once checkpoint_every_s has
+    passed (0 = every epoch) and always at the end."""
+    written = []
+    real = rundir.torch_save_atomic
+    monkeypatch.setattr(rundir, "torch_save_atomic", lambda obj, path: (written.append(obj["step"]), real(obj, path)))
+    _run(tmp_path, {**tiny_overrides, "epochs": 3, "checkpoint_every_s": every_s})
+    spe = torch.load(tmp_path / "run" / rundir.LAST_CHECKPOINT, weights_only=False)["meta"]["steps_per_epoch"]
+    assert written == [spe * (i + 1) for i in range(3)][-writes:]
+
+
+def test_lars_eta_reaches_the_optimizer(tmp_path, tiny_overrides):
+    out = _run(tmp_path, {**tiny_overrides, "max_steps": 1, "lars_eta": 0.02})
+    assert torch.load(out / rundir.LAST_CHECKPOINT, weights_only=False)["optimizer"]["param_groups"][0]["eta"] == 0.02
+    assert load_config(PretrainConfig, out / rundir.CONFIG).lars_eta == 0.02
+
+
 def test_checkpoint_write_is_atomic(tmp_path, tiny_overrides, monkeypatch):
     out = _run(tmp_path, {**tiny_overrides, "max_steps": 2})
     before = (out / rundir.LAST_CHECKPOINT).read_bytes()
@@ -110,6 +128,8 @@ def test_resume_refuses_changed_method(tmp_path, tiny_overrides):
     ({"image_size": 16, "small_stem": "off"}, "image size 16 is impossible"),
     ({"batch_size": 1}, "at least 2"),
     ({"queue_size": 4}, "MoCo v3 option"),
+    ({"lars_eta": 0}, "lars_eta must be > 0"),
+    ({"checkpoint_every_s": -1}, "checkpoint_every_s must be >= 0"),
 ])
 def test_bad_options(tmp_path, tiny_overrides, over, msg):
     with pytest.raises(PipelineError, match=msg):
