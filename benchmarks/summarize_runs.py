@@ -1,5 +1,5 @@
 """Print, per run: loss at the first and last logged step, kNN monitor values, and linear-eval vs random init.
-Usage: python benchmarks/summarize_runs.py RUN [RUN ...]"""
+Usage: python benchmarks/summarize_runs.py RUN [RUN ...] [--markdown-rows]"""
 
 import json
 import sys
@@ -10,7 +10,7 @@ def pct(x):
     return "-" if x is None else f"{100 * x:.1f}"
 
 
-for run in map(Path, sys.argv[1:]):
+for run in (Path(a) for a in sys.argv[1:] if a != "--markdown-rows"):
     if not (run / "metrics.jsonl").is_file():
         print(f"== {run.name}: no metrics.jsonl (pretraining did not start; see its log)")
         continue
@@ -38,3 +38,22 @@ for run in map(Path, sys.argv[1:]):
     elif few:
         print(f"   {few['k']} labels/class: single draw (older linear.json): linear top1 {pct(few['top1'])} vs "
               f"{pct(few['baseline']['top1'])}; re-run linear-eval for means over draws")
+
+# --markdown-rows: the README's table rows (top-1 %, pretrained vs random init, gain in points), one per run that has
+# an eval/linear.json with few-label draws, named by its directory.
+if "--markdown-rows" in sys.argv:
+    print()
+    for run in (Path(a) for a in sys.argv[1:] if a != "--markdown-rows"):
+        path = run / "eval" / "linear.json"
+        if not path.is_file():
+            continue
+        ev = json.loads(path.read_text())
+        b, few = ev["baseline"], ev.get("labels_per_class") or {}
+        if "gain" not in few:
+            continue
+        cells = [f"{pct(ev['top1'])} vs {pct(b['top1'])}",
+                 f"{pct(ev['knn_top1'])} vs {pct(b['knn_top1'])} ({100 * (ev['knn_top1'] - b['knn_top1']):+.1f})",
+                 f"{pct(ev['knn_majority_top1'])} vs {pct(b['knn_majority_top1'])}"]
+        cells += [f"{pct(few[k])} vs {pct(few['baseline'][k])} ({100 * few['gain'][k]:+.1f} ± {100 * few['gain_std'][k]:.1f})"
+                  for k in ("top1", "knn_top1", "knn_majority_top1")]
+        print(f"| {run.name} | " + " | ".join(cells) + " |")
