@@ -69,6 +69,26 @@ def _put_in_place(src: Path, dst: Path, trash: Path) -> None:
     os.replace(src, dst)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _sweep_stale_staging(export_dir: Path, say) -> None:
+    """A killed export (SIGKILL, power loss) never runs its cleanup and leaves its staging folder behind. Each
+    staging folder is named after its process, so one whose process is gone is removed; a live export's is kept."""
+    for d in sorted(export_dir.glob(".staging-*")):
+        pid = d.name.split("-")[1]
+        if d.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            say(f"removed {d}: left by an export that was killed")
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -109,7 +129,9 @@ def run(cfg: ExportConfig, run_dir: Path, say=print) -> dict:
     example = example_input(int(trace_info.get("example_batch", 2)), state["image_size"])
     export_dir = run_dir / rundir.EXPORT
 
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=export_dir))
+    export_dir.mkdir(parents=True, exist_ok=True)
+    _sweep_stale_staging(export_dir, say)
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=export_dir))
     try:
         written = []
         for fmt, precision, own in plan:

@@ -5,6 +5,9 @@ for artifacts of the current encoder.pt, and the whole chain strip -> trace -> e
 import dataclasses
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,6 +143,24 @@ def test_export_is_all_or_nothing_and_the_sidecar_matches_export_dir(tmp_path, t
     assert res.exit_code == 0 and "removed" in res.output
     assert [a["format"] for a in json.loads((export_dir / SIDECAR).read_text())["artifacts"]] == ["onnx"]
     assert not (export_dir / "encoder.mlpackage").exists() and not (export_dir / "encoder.mlmodel").exists()
+
+
+def test_export_removes_staging_left_by_a_killed_export_only(tmp_path, tiny_overrides, monkeypatch):
+    out = tmp_path / "run"
+    pretrain.run(config_for_run(None, {**tiny_overrides, "max_steps": 1}, out, False), out, say=lambda *_: None)
+    strip(StripConfig(), out, say=lambda *_: None)
+    export_dir = out / rundir.EXPORT
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a process that has exited: its pid names no live export
+    stale, live = export_dir / f".staging-{gone.pid}-abc", export_dir / f".staging-{os.getpid()}-xyz"
+    for d in (stale, live):
+        d.mkdir(parents=True)
+        (d / "encoder.onnx").write_text("half")
+    _use_fakes(monkeypatch)
+    res = _cli("export", "--run", out, "--to", "onnx")
+    assert res.exit_code == 0, res.output
+    assert not stale.exists() and f"removed {stale}" in res.output
+    assert live.is_dir()  # another export still running (here: this process) keeps its folder
 
 
 def test_resnet50_strip_trace_export_coreml(tmp_path, tiny_overrides, monkeypatch):
