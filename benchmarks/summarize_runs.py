@@ -10,7 +10,8 @@ def pct(x):
     return "-" if x is None else f"{100 * x:.1f}"
 
 
-for run in (Path(a) for a in sys.argv[1:] if a != "--markdown-rows"):
+runs = [Path(a) for a in sys.argv[1:] if a != "--markdown-rows"]
+for run in runs:
     if not (run / "metrics.jsonl").is_file():
         print(f"== {run.name}: no metrics.jsonl (pretraining did not start; see its log)")
         continue
@@ -43,7 +44,7 @@ for run in (Path(a) for a in sys.argv[1:] if a != "--markdown-rows"):
 # an eval/linear.json with few-label draws, named by its directory.
 if "--markdown-rows" in sys.argv:
     print()
-    for run in (Path(a) for a in sys.argv[1:] if a != "--markdown-rows"):
+    for run in runs:
         path = run / "eval" / "linear.json"
         if not path.is_file():
             continue
