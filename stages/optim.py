@@ -49,7 +49,7 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(name: str, params, lr: float, weight_decay: float, lars_eta: float = 0.001) -> torch.optim.Optimizer:
+def build_optimizer(name: str, params, lr: float, weight_decay: float, lars_eta: float) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]
     if name == "lars":
         return LARS(params, lr=lr, momentum=0.9, weight_decay=weight_decay, eta=lars_eta)
