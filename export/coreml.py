@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME
 from export.metadata import as_strings, input_description, output_description
+from export.quiet import conversion_bars_off, import_coremltools
 from pipeline.errors import PipelineError
 
 # The NeuralNetwork is for iPads that cannot run an ML Program: the oldest target holding every op used. coremltools
@@ -33,15 +33,6 @@ POOL_OPS = ("reduce_mean", "avg_pool")  # the global pool; it and everything aft
 FP32_TAIL_OPS = ("reduce_sum", "rsqrt")  # the L2 ops checked in the saved program
 # MIL proto DataType values of the program's tensors (coremltools/proto/MIL.proto)
 MIL_DTYPES = {10: "fp16", 11: "fp32"}
-
-
-def coremltools():
-    """Import coremltools with its import-time chatter (no native runtime on Linux, untested torch) kept at ERROR:
-    both are expected here and would bury the stage's own output."""
-    logging.getLogger("coremltools").setLevel(logging.ERROR)
-    import coremltools as ct
-
-    return ct
 
 
 def _image_input(ct, size: int):
@@ -99,7 +90,7 @@ def _set_metadata(model, meta: dict[str, Any]) -> None:
 
 def _convert(ct, program, size: int, **kwargs):
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), conversion_bars_off():
             warnings.simplefilter("ignore", DeprecationWarning)  # coremltools' own internal registry, once per op
             return ct.convert(program, inputs=[_image_input(ct, size)],
                               outputs=[ct.TensorType(name=OUTPUT_NAME, dtype=np.float32)], skip_model_load=True, **kwargs)
@@ -109,7 +100,7 @@ def _convert(ct, program, size: int, **kwargs):
 
 
 def write_mlpackage(program, path: Path, meta: dict[str, Any], precision: str, options: dict[str, Any]) -> dict[str, Any]:
-    ct = coremltools()
+    ct = import_coremltools()
     target = options["deployment_target"]
     detail = {"precision": precision, "deployment_target": target,
               "precision_detail": ("fp16 weights and activations; global pool and L2 normalisation in fp32"
@@ -126,7 +117,7 @@ def write_mlpackage(program, path: Path, meta: dict[str, Any], precision: str, o
 
 
 def write_mlmodel(program, path: Path, meta: dict[str, Any], precision: str, options: dict[str, Any]) -> dict[str, Any]:
-    ct = coremltools()
+    ct = import_coremltools()
     from coremltools.models.neural_network import quantization_utils
 
     target = NEURALNETWORK_TARGET

@@ -17,6 +17,9 @@ def coreml_can_predict() -> tuple[bool, str]:
     if platform.system() != "Darwin":
         return False, f"Core ML runs only on macOS (this is {platform.system()}); the reference evaluator is used instead"
     try:
+        from export.quiet import import_coremltools
+
+        import_coremltools()  # its import-time lines filtered before the native module is asked for
         from coremltools import libcoremlpython  # noqa: F401  (the native bridge predict() needs)
     except Exception as e:  # missing wheel build, wrong arch
         return False, f"coremltools has no native runtime here ({type(e).__name__}); reinstall coremltools for macOS"
@@ -55,8 +58,9 @@ def coreml_load(path: Path | str, compute_units: str):
         raise PipelineError(why)
     if compute_units not in COMPUTE_UNITS:
         raise PipelineError(f"compute units must be one of {', '.join(COMPUTE_UNITS)}, got {compute_units!r}")
-    import coremltools as ct
+    from export.quiet import import_coremltools
 
+    ct = import_coremltools()
     try:
         return ct.models.MLModel(str(path), compute_units=getattr(ct.ComputeUnit, compute_units))
     except Exception as e:  # the Core ML compiler rejects the model: a real failure, reported on one line

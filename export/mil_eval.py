@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from export.quiet import import_coremltools
 from pipeline.errors import PipelineError
 
 COLOR_SPACES = {10: "GRAYSCALE", 20: "RGB", 30: "BGR", 40: "GRAYSCALE_FLOAT16"}  # ImageFeatureType.ColorSpace
@@ -146,17 +147,6 @@ def batched(fn, xs: torch.Tensor, chunk: int = 64) -> torch.Tensor:
             except (RuntimeError, PipelineError):  # no batching rule for some op: the plain loop is the semantics
                 outs.append(torch.stack([fn(x) for x in part]))
     return torch.cat(outs)
-
-
-def quiet_coremltools():
-    """coremltools, imported with its import-time chatter (no native runtime off macOS, untested torch version)
-    kept at ERROR: both are expected here and would bury the stage's own output."""
-    import logging
-
-    logging.getLogger("coremltools").setLevel(logging.ERROR)
-    import coremltools
-
-    return coremltools
 
 
 # ---------------------------------------------------------------- reading op arguments
@@ -568,7 +558,7 @@ def _as_declared(value, var, where: str):
 
 def load_mlpackage(path: Path | str) -> MilModel:
     """Read an .mlpackage's program with coremltools' milproto loader. One-line errors for anything unreadable."""
-    ct = quiet_coremltools()
+    ct = import_coremltools()
     from coremltools.converters.mil.frontend.milproto.load import load as load_milproto
 
     path = Path(path)

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from export.mil_eval import (COLOR_SPACES, InputInfo, batched, call_checked, conv_nd, image_input, image_io,
-                             pad_spatial, pool_nd, quiet_coremltools, resize_linear, same_pads)
+                             pad_spatial, pool_nd, resize_linear, same_pads)
+from export.quiet import import_coremltools
 from pipeline.errors import PipelineError
 
 
@@ -429,7 +430,7 @@ def _layer_weights(layer) -> dict[str, Any]:
 
 def load_mlmodel(path: Path | str) -> NNModel:
     """Read a .mlmodel NeuralNetwork spec. One-line errors for anything this evaluator cannot run faithfully."""
-    ct = quiet_coremltools()
+    ct = import_coremltools()
 
     path = Path(path)
     if not path.is_file():

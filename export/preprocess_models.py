@@ -45,9 +45,9 @@ CACHE_ENV = "SSL_EDGE_CACHE"  # overrides the cache root (default ~/.cache/ssl-e
 
 
 def _ct():
-    from export.mil_eval import quiet_coremltools
+    from export.quiet import import_coremltools
 
-    return quiet_coremltools()
+    return import_coremltools()
 
 
 def _target():

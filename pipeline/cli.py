@@ -38,8 +38,8 @@ def main():
 
 
 def _pretrain_command():
-    from stages.pretrain import PretrainConfig
     from pipeline.config import options_from
+    from stages.configs import PretrainConfig
 
     @main.command("pretrain")
     @options_from(PretrainConfig)
@@ -86,7 +86,7 @@ _pretrain_command()
 
 def _bench_command():
     from pipeline.config import options_from
-    from stages.bench import BenchConfig
+    from stages.configs import BenchConfig
 
     @main.command("bench")
     @options_from(BenchConfig)
@@ -114,7 +114,7 @@ _bench_command()
 
 def _linear_eval_command():
     from pipeline.config import options_from
-    from stages.linear_eval import EvalConfig
+    from stages.configs import EvalConfig
 
     @main.command("linear-eval")
     @options_from(EvalConfig)
@@ -139,11 +139,9 @@ def _export_commands():
     """strip -> trace -> export: the product an app ships (stages/strip.py, stages/trace.py, stages/convert.py)."""
     from export.formats import describe_table
     from pipeline.config import options_from
-    from stages.convert import ExportConfig
-    from stages.strip import StripConfig
-    from stages.trace import TraceConfig
+    from stages.configs import ExportConfig, StripConfig, TraceConfig
 
-    def stage_command(name, config_cls, module, help_, epilog=None):
+    def stage_command(name, config_cls, module, help_, epilog=None, before=None):
         @main.command(name, help=help_, epilog=epilog)
         @options_from(config_cls)
         @click.option("--config", "config_file", type=click.Path(), help="YAML file with any of the options below.")
@@ -157,6 +155,8 @@ def _export_commands():
 
             run_dir = resolve_run(run, say=click.echo)
             cfg = load_config(config_cls, config_file, overrides)
+            if before:
+                before(run_dir, cfg)
             importlib.import_module(module).run(cfg, run_dir, say=click.echo)
 
     stage_command("strip", StripConfig, "stages.strip",
@@ -164,8 +164,27 @@ def _export_commands():
     stage_command("trace", TraceConfig, "stages.trace",
                   "The Encoder (pixels 0..255 -> normalise -> backbone -> L2) as one graph: torch.export, else jit.trace.")
     stage_command("export", ExportConfig, "stages.convert",
-                  "Core ML (.mlpackage, .mlmodel) and ONNX from the trace, metadata inside, sidecar encoder.json.",
-                  epilog="\b\nFormats (format, --to, file, precisions, options):\n" + describe_table())
+                  "Core ML (.mlpackage, .mlmodel) and ONNX from the trace, metadata inside, sidecar encoder.json. "
+                  "Runs strip and trace first when their files are missing or stale, as make would.",
+                  before=_strip_and_trace_if_stale, epilog="\b\nFormats (format, --to, file, precisions, options):\n" + describe_table())
+
+
+def _strip_and_trace_if_stale(run_dir: Path, cfg) -> None:
+    """Strip and trace are cheap and deterministic: `pipeline export` right after `pipeline pretrain` runs them (with
+    their default options) instead of stopping the user, one line each, as `make` would. An impossible format
+    request is refused first, before any work."""
+    from export.formats import OPTION_NAMES, select_formats
+    from stages import strip, trace
+    from stages.configs import StripConfig, TraceConfig
+
+    select_formats(cfg.to, cfg.coreml_format, cfg.precision, {name: getattr(cfg, name) for name in OPTION_NAMES})
+
+    for name, stage, cfg, made in (("strip", strip, StripConfig(), "export/encoder.pt"),
+                                   ("trace", trace, TraceConfig(), "export/trace.json")):
+        why = stage.stale_reason(run_dir)
+        if why:
+            stage.run(cfg, run_dir, say=lambda *a, **k: None)
+            click.echo(f"ran `pipeline {name}` first ({why}): wrote {run_dir / made}")
 
 
 _export_commands()
@@ -173,7 +192,7 @@ _export_commands()
 
 def _validate_command():
     from pipeline.config import options_from
-    from stages.validate import ValidateConfig
+    from stages.configs import ValidateConfig
 
     @main.command("validate")
     @options_from(ValidateConfig)
@@ -204,9 +223,11 @@ def doctor():
     from pipeline.device import device_report, select_device
 
     click.echo(f"python {platform.python_version()} on {platform.system()} {platform.machine()}")
+    from export.quiet import import_coremltools
+
     for name in ("torch", "torchvision", "coremltools", "onnx", "onnxruntime"):
         try:
-            mod = importlib.import_module(name)
+            mod = import_coremltools() if name == "coremltools" else importlib.import_module(name)
             click.echo(f"{name:12s} {getattr(mod, '__version__', '?')}")
         except Exception as e:  # a broken optional install should not stop the report
             click.echo(f"{name:12s} not importable ({type(e).__name__})")

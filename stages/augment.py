@@ -203,7 +203,6 @@ def cpu_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: i
         yield normalize(v1, device).contiguous(memory_format=fmt), normalize(v2, device).contiguous(memory_format=fmt)
 
 
-AUGMENT_MODES = ("auto", "cpu", "device")
 
 
 def augment_mode(requested: str, device: torch.device) -> str:

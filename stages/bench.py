@@ -22,40 +22,15 @@ import resource
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from pipeline.config import opt
 from pipeline.device import select_device
 from pipeline.errors import PipelineError
+from stages.configs import BenchConfig
 from stages import augment, distributed
-from stages.backbones import BACKBONES
-from stages.methods import METHODS
 from stages.pretrain import PretrainConfig, build_training, default_workers, keep_on_device, resolve, train_step, validate
-
-
-@dataclass
-class BenchConfig:
-    method: str = opt("simclr", "SSL method", choices=tuple(METHODS))
-    backbone: str = opt("resnet18", "torchvision ResNet", choices=tuple(BACKBONES))
-    image_size: int = opt(32, "training crop side; 32 = issue 6's first configuration (small stem)")
-    batch_size: int | None = opt(None, "global batch; None = 512 on a GPU, 8 on a CPU (finishes within a minute on 2 cores)")
-    store_size: int = opt(0, "side of the stored images; 0 = the crop side up to 64 px (CIFAR-like), 8/7 of it above (ImageNet-like)")
-    device: str = opt("auto", "auto picks mps > cuda > cpu", choices=("auto", "cpu", "cuda", "mps"))
-    augment: str = opt("auto", "device | cpu (DataLoader workers: the usual recipe); auto = device on cuda/mps", choices=augment.AUGMENT_MODES)
-    num_workers: int = opt(-1, "workers for --augment cpu; -1 = one per spare core, up to 8 (issue 6's usual recipe used 15)")
-    channels_last: str = opt("auto", "NHWC memory format; auto = on for CUDA", choices=("auto", "on", "off"))
-    compile: bool = opt(False, "torch.compile the backbone (compile time stays in the warm-up)")
-    cuda_graphs: str = opt("auto", "the backbone's forward and backward as CUDA graphs (as pretraining); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
-    precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU", choices=("auto", "fp32"))
-    warmup: int | None = opt(None, "untimed steps before each phase (cuDNN autotuning, allocator growth, worker start); None = 10 on a GPU, 1 on a CPU")
-    windows: int | None = opt(None, "timed windows per phase, median reported; None = 5 on a GPU, 3 on a CPU")
-    window_steps: int | None = opt(None, "steps per window; None = 20 on a GPU, 1 on a CPU")
-    seed: int = opt(0, "seeds init and augmentation draws")
-    profile: str = opt("", "CUDA: also record one window of each phase with torch.profiler into this folder (Chrome traces) and report GPU-busy %, host ms per step and the top kernels: tells a host-bound step from a GPU-bound one")
-    preprocess: str | None = opt(None, "instead of training, time each per-image preprocessing op (jitter, grayscale, blur, resize+normalise, a training item's two views) on this backend: torch, or coreml (macOS); batch x window-steps images per window", choices=("torch", "coreml"))
 
 
 def _sync(device: torch.device) -> None:

@@ -13,35 +13,18 @@ import hashlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from export.encoder import load_encoder
-from export.formats import COREML_FORMATS, FORMATS, OPTION_NAMES, TO_CHOICES, select_formats
+from export.formats import FORMATS, OPTION_NAMES, select_formats
 from export.metadata import build_metadata
 from pipeline import rundir
-from pipeline.config import opt
 from pipeline.errors import PipelineError
+from stages.configs import ExportConfig
 from stages.strip import encoder_path
 from stages.trace import example_input, file_sha256, load_traced
 
 SIDECAR = "encoder.json"  # in RUN/export/; the Swift demo reads it
-
-
-@dataclass
-class ExportConfig:
-    to: str = opt("all", "which formats: coreml (.mlpackage + .mlmodel), onnx, or all", choices=TO_CHOICES)
-    precision: str | None = opt(None, "None = each format's default: fp16 for Core ML (half the size, the Neural "
-                                      "Engine's type), fp32 for ONNX", choices=("fp16", "fp32"))
-    coreml_format: str | None = opt(None, "None = both: the ML Program for iPadOS 15+, the one-file NeuralNetwork for "
-                                          "older iPads", choices=tuple(COREML_FORMATS))
-    deployment_target: str | None = opt(None, "ML Program minimum OS; None = iOS16 (iPadOS 16 runs on every iPad "
-                                              "since 2017)", choices=FORMATS["mlpackage"].options["deployment_target"][1])
-    opset: int | None = opt(None, "ONNX opset; None = 18, the lowest the torch.export-based exporter writes natively")
-    author: str = opt("ssl-edge-pipeline", "shown in Xcode's model view")
-    license: str = opt("MIT", "the pipeline's license; set the terms of your training data if they differ")
-    model_version: str | None = opt(None, "model version string shown in Xcode; None = <pipeline version>+<run id>.e<epochs>")
-    description: str | None = opt(None, "short description; None = method, backbone, input and output in one line")
 
 
 def artifact_digest(path: Path) -> tuple[int, str]:

@@ -83,7 +83,9 @@ def cleanup() -> None:
     """Leave the group `setup` joined, once every rank got here."""
     global _joined_here
     if _joined_here and dist.is_initialized():
-        dist.barrier()
+        # NCCL's barrier needs a device; named here, torch need not guess it from the current context (and warn)
+        nccl = dist.get_backend() == "nccl"
+        dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
         dist.destroy_process_group()
         _joined_here = False
 

@@ -17,11 +17,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from stages.configs import MAJORITY_K, TEMPERATURE, WEIGHTED_K
 from stages.features import extract_features
 
-WEIGHTED_K = 200  # the protocol's k (Wu et al. 2018), used by every SSL paper that reports kNN accuracy
-TEMPERATURE = 0.1  # the protocol's T: exp(sim / 0.1) makes the nearest neighbours count far more than the 200th
-MAJORITY_K = 20  # the plain vote most papers list beside the weighted one
 
 
 def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor, num_classes: int, k: int,

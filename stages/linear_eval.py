@@ -21,19 +21,18 @@ import math
 import os
 import re
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from pipeline import rundir
-from pipeline.config import opt
 from pipeline.device import select_device
 from pipeline.errors import PipelineError
+from stages.configs import EvalConfig
 from stages.data import ImageData, load_data, make_split, parse_spec
 from stages.features import extract_features
-from stages.knn import MAJORITY_K, TEMPERATURE, WEIGHTED_K, knn_scores, topk_accuracy
+from stages.knn import knn_scores, topk_accuracy
 from stages.pretrain import PretrainConfig, build_model, seed_everything, store_size_for
 
 # Inverse L2 strengths on standardised features, a decade apart from strong to weak regularisation: five fits are
@@ -46,20 +45,6 @@ MAX_ITER = 1000  # lbfgs needs tens of iterations on standardised features; the 
 MAX_EXTRA_UPSCALE = 2.0  # --data images may be upscaled at most this much more than the run's own images were
 NATIVE_SAMPLE = 1000  # folder images whose header is read to estimate the native size (evenly spaced, not random)
 CACHE_VERSION = 1
-
-
-@dataclass
-class EvalConfig:
-    data: str = opt("", "labelled data SPEC to evaluate on; empty = the run's own data on its recorded split")
-    device: str = opt("auto", "where features are extracted; always fp32", choices=("auto", "cpu", "cuda", "mps"))
-    labels_per_class: int = opt(0, "also probe with only K labelled train images per class (0 = off; K >= 2)")
-    label_draws: int = opt(5, "independent K-per-class draws averaged: one draw of a few images is mostly noise")
-    batch_size: int = opt(256, "images per feature-extraction batch; memory only (eval-mode BN: no batch effects)")
-    holdout_fraction: float = opt(0.2, "part of each train class held out to choose C (k-fold when a class is small)")
-    knn_k: int = opt(WEIGHTED_K, "neighbours of the weighted kNN (Wu et al. 2018, as SSL papers report it)")
-    knn_temperature: float = opt(TEMPERATURE, "T of the weighted kNN's exp(sim / T) votes")
-    majority_k: int = opt(MAJORITY_K, "neighbours of the plain majority-vote kNN")
-    seed: int | None = opt(None, "seed of the held-out part/folds and of the K-per-class draws; None = the run's seed")
 
 
 def validate(cfg: EvalConfig) -> None:

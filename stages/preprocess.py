@@ -25,8 +25,8 @@ import torchvision.transforms.v2.functional as TF
 
 from export import coreml_runtime
 from pipeline.errors import PipelineError
+from stages.configs import PREPROCESS_CHOICES as CHOICES
 
-CHOICES = ("auto", "torch", "coreml")
 COMPUTE_UNITS = "ALL"  # Core ML places each op on the Neural Engine, GPU or CPU: the point is to spare the CPU workers
 JITTER_CODES = {0: "brightness", 1: "contrast", 2: "saturation", 3: "hue"}  # augment.sample_params' jitter_order
 

@@ -10,11 +10,11 @@ its share of every step's images (stages/distributed.py), gradients are averaged
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,57 +24,18 @@ import yaml
 from tqdm import tqdm
 
 from pipeline import __version__, rundir
-from pipeline.config import load_config, opt, to_dict
+from pipeline.config import load_config, to_dict
 from pipeline.device import precision_for, select_device
 from pipeline.errors import PipelineError
 from stages import augment, distributed, preprocess
-from stages.backbones import BACKBONES, build_backbone, min_image_size, uses_small_stem
+from stages.configs import PretrainConfig
+from stages.backbones import build_backbone, min_image_size, uses_small_stem
 from stages.data import load_data, make_split
 from stages.methods import METHODS
 from stages.methods import byol, mocov3, simclr
 from stages.optim import build_optimizer, warmup_cosine
 
 METHOD_DEFAULTS = {"simclr": simclr.DEFAULTS, "byol": byol.DEFAULTS, "mocov3": mocov3.DEFAULTS}
-
-
-@dataclass
-class PretrainConfig:
-    method: str = opt("simclr", "SSL method", choices=tuple(METHODS))
-    data: str = opt("digits", "data SPEC: digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
-    backbone: str = opt("resnet18", "torchvision ResNet, random init", choices=tuple(BACKBONES))
-    small_stem: str = opt("auto", "3x3 stem without max-pool; auto = on for images <= 64 px", choices=("auto", "on", "off"))
-    image_size: int = opt(32, "training crop side in pixels; 32 keeps the CPU default run within minutes")
-    store_size: int = opt(0, "side at which images are decoded and kept; 0 = image size for array datasets, 8/7 x for folders")
-    epochs: int = opt(10, "passes over the train split")
-    batch_size: int = opt(128, "global batch: images per step over all processes (each of N GPUs takes batch/N; each image gives two views)")
-    lr: float | None = opt(None, "base learning rate per 256 images; None = the method's paper value")
-    lr_scaling: str = opt("linear", "peak lr = lr x batch/256 (linear, as the papers) or lr x sqrt(batch/256)", choices=("linear", "sqrt", "none"))
-    optimizer: str | None = opt(None, "None = the method's paper optimizer (LARS)", choices=("lars", "sgd", "adamw"))
-    lars_eta: float = opt(0.001, "LARS trust coefficient: each weight matrix moves by about lr x eta of its norm per step (the papers' 0.001 suits their 100k+ steps; small data trains for a few thousand and wants more, e.g. 0.02)")
-    weight_decay: float | None = opt(None, "None = the method's paper value")
-    warmup_epochs: float = opt(1.0, "linear warm-up before the cosine decay; short runs need a short warm-up")
-    temperature: float | None = opt(None, "softmax temperature (SimCLR, MoCo v3); None = paper value")
-    proj_dim: int | None = opt(None, "projector output size; None = paper value")
-    proj_hidden_dim: int | None = opt(None, "projector hidden size; None = paper value")
-    pred_hidden_dim: int | None = opt(None, "predictor hidden size (BYOL, MoCo v3); None = paper value")
-    momentum_base: float | None = opt(None, "EMA start of the momentum network, rises to 1 on a cosine (BYOL, MoCo v3)")
-    queue_size: int | None = opt(None, "MoCo v3 only: extra negatives from a ring buffer of past keys; 0 = none")
-    val_fraction: float = opt(0.1, "held out for evaluation, never trained on (CIFAR uses its own test set)")
-    device: str = opt("auto", "auto picks mps > cuda > cpu", choices=("auto", "cpu", "cuda", "mps"))
-    precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU; fp32 everywhere to debug", choices=("auto", "fp32"))
-    num_workers: int = opt(-1, "augmentation workers (cpu augment); -1 = one per spare core, up to 8")
-    augment: str = opt("auto", "where views are made: device = batched on the training GPU, cpu = per image in DataLoader workers (the reference); auto = device on cuda/mps", choices=augment.AUGMENT_MODES)
-    preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = torchvision in the workers (the reference); auto = coreml where Core ML runs", choices=preprocess.CHOICES)
-    channels_last: str = opt("auto", "NHWC memory format: about 2x faster bf16 convs on CUDA tensor cores; auto = on for CUDA only", choices=("auto", "on", "off"))
-    cuda_graphs: str = opt("auto", "replay the backbone's forward and backward as two CUDA graphs instead of launching its hundreds of kernels from Python every step (the host, not the GPU, limited small-image steps on an H200); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
-    compile: bool = opt(False, "torch.compile the backbone: off by default, it was slower than eager in issue 6's H200 measurement and takes minutes to compile")
-    sync_bn: bool = opt(False, "several GPUs: BatchNorm statistics over the global batch (SimCLR's choice), at one all-reduce per BN layer; CUDA only")
-    seed: int = opt(0, "seeds init, split, order and every augmentation draw")
-    max_steps: int = opt(0, "stop after this many total steps (0 = run all epochs); the schedule still spans all epochs")
-    log_every: int = opt(10, "steps between metrics.jsonl lines")
-    save_every: int = opt(0, "also keep checkpoints/epoch_NNNN.pt every N epochs (0 = only last.pt)")
-    checkpoint_every_s: float = opt(120.0, "write checkpoints/last.pt at the first epoch end this many seconds after the last write, and at the end; a crash loses at most this much training (0 = every epoch: on small data one write, ~190 MB for BYOL, took longer than an epoch)")
-    knn_every: int = opt(0, "kNN top-1 of val against train into metrics.jsonl every N epochs (0 = off: costs a pass over the data)")
 
 
 def resolve(cfg: PretrainConfig) -> PretrainConfig:
@@ -209,9 +170,12 @@ def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, chann
         torch.cuda.make_graphed_callables(backbone, (sample,))
     # The capture's warm-up ran on make_graphed_callables' own stream, and autograd remembers that stream for each
     # parameter's gradient accumulator: every backward then adds a GPU-side event wait per parameter (no host
-    # wait; measured: the step runs at 0.965 x its ceiling) and torch warns once. Expected here, so not shown.
+    # wait; measured: the step runs at 0.965 x its ceiling) and torch warns once. Expected here, so not shown: the
+    # switch torch offers where it has one, and a filter for exactly that message (its first sentence) otherwise.
     if hasattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch"):
         torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
+    warnings.filterwarnings("ignore", message=r"The AccumulateGrad node's stream does not match the stream of the "
+                                              r"node that produced the incoming gradient", category=UserWarning)
     with torch.no_grad():
         for b, s in zip(backbone.buffers(), saved):
             b.copy_(s)  # in place: the graphs hold these addresses

@@ -11,14 +11,14 @@ its output width is the backbone's feature dimension, and its state holds backbo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from pipeline import __version__, rundir
-from pipeline.config import load_config, opt
+from pipeline.config import load_config
 from pipeline.errors import PipelineError
+from stages.configs import StripConfig
 from stages import augment
 from stages.backbones import build_backbone, min_image_size, uses_small_stem
 from stages.pretrain import PretrainConfig, build_model
@@ -26,13 +26,6 @@ from stages.pretrain import PretrainConfig, build_model
 ENCODER = "encoder.pt"  # in RUN/export/
 # What must agree between config.yaml and the checkpoint's own record: the things that decide the architecture.
 ARCHITECTURE_KEYS = ("method", "backbone", "image_size", "small_stem")
-
-
-@dataclass
-class StripConfig:
-    l2_normalize: bool = opt(True, "unit-length embeddings: the app's cosine similarity becomes a plain dot product")
-    proof_batch: int = opt(4, "random images on which stripped and full-model backbone features must be equal")
-    seed: int = opt(0, "seeds the proof's random images, so the recorded proof is reproducible")
 
 
 def encoder_path(run_dir: Path) -> Path:
@@ -102,6 +95,17 @@ def prove_strip(model: torch.nn.Module, kept: dict, cfg: PretrainConfig, feat_di
         diff = (feats - full_feats).abs().max().item()
         raise PipelineError(f"stripped backbone features differ from the full model's by {diff:.3g}: strip refused")
     return {"input_shape": list(x.shape), "seed": seed, "output_dim": feat_dim, "equal": True, "max_abs_diff": 0.0}
+
+
+def stale_reason(run_dir: Path) -> str | None:
+    """Why export/encoder.pt must be (re)made before exporting, or None: missing, or older than the checkpoint it
+    comes from (the rule `make` applies to the same two files)."""
+    out, ckpt = encoder_path(run_dir), run_dir / rundir.LAST_CHECKPOINT
+    if not out.is_file():
+        return f"no {out}"
+    if ckpt.is_file() and ckpt.stat().st_mtime > out.stat().st_mtime:
+        return f"{out} is older than {ckpt}"
+    return None
 
 
 def run(cfg: StripConfig, run_dir: Path, say=print) -> dict:

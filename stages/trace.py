@@ -16,28 +16,18 @@ from __future__ import annotations
 import hashlib
 import io
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME, load_encoder
 from pipeline import rundir
-from pipeline.config import opt
 from pipeline.errors import PipelineError
+from stages.configs import TraceConfig
 from stages.strip import encoder_path
 
 TRACE_INFO = "trace.json"
 FILES = {"torch.export": "encoder.pt2", "jit.trace": "encoder.ts"}  # the one traced artifact, by tracer
-
-
-@dataclass
-class TraceConfig:
-    method: str = opt("auto", "auto = torch.export, falling back to torch.jit.trace where it fails; or force one",
-                      choices=("auto", "export", "jit"))
-    example_batch: int = opt(2, "batch of the example input; >= 2 so the batch stays dynamic (1 gets specialised)")
-    tolerance: float = opt(1e-5, "largest |traced - eager| on the example input before a trace is refused")
-    seed: int = opt(0, "seeds the example images (pixels 0..255)")
 
 
 def file_sha256(path: Path) -> str:
@@ -154,6 +144,25 @@ def run(cfg: TraceConfig, run_dir: Path, say=print) -> dict:
     say(f"traced with {used}{' (' + reason + ')' if reason else ''}: max |traced - eager| {diff:.2g} over batches "
         f"{info['checked_batches']} -> {out}")
     return info
+
+
+def stale_reason(run_dir: Path) -> str | None:
+    """Why the trace must be (re)made before exporting, or None: no trace record, its file gone, or traced from
+    another encoder.pt than the one in export/ now."""
+    export_dir = run_dir / rundir.EXPORT
+    record = export_dir / TRACE_INFO
+    if not record.is_file():
+        return f"no {record}"
+    try:
+        info = rundir.load_json(record, "trace record")
+    except PipelineError:
+        return f"{record} is unreadable"
+    if info.get("method") not in FILES or not (export_dir / str(info.get("file"))).is_file():
+        return f"{record} names no traced encoder that exists"
+    enc_path = encoder_path(run_dir)
+    if enc_path.is_file() and file_sha256(enc_path) != info.get("encoder_sha256"):
+        return f"the trace was made from an older {enc_path}"
+    return None
 
 
 def load_traced(run_dir: Path):

@@ -17,7 +17,6 @@ Runtimes, per artifact (each row of the report says which produced its numbers):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -27,28 +26,13 @@ import torch
 from export import parity
 from export.encoder import OUTPUT_NAME, load_encoder
 from pipeline import rundir
-from pipeline.config import load_config, opt, to_dict
+from pipeline.config import load_config, to_dict
 from pipeline.errors import PipelineError
+from stages.configs import ValidateConfig
 
 PARITY = "parity.json"  # in RUN/validate/
 SIDECAR = "encoder.json"  # in RUN/export/, written by `pipeline export`
 ENCODER = "encoder.pt"
-
-
-@dataclass
-class ValidateConfig:
-    images: str = opt("", "extra folder of images to check with, besides the run's val split (any PIL-readable files)")
-    max_images: int = opt(256, "cap on val images (and, separately, on --images files): enough for top-10 statistics, "
-                               "and the reference evaluators run one image at a time")
-    top_k: int = opt(10, "neighbours compared per query for retrieval agreement (clamped to images - 1)")
-    fp32_max_abs: float = opt(1e-4, "fp32 artifacts: largest |artifact - PyTorch| allowed; fp32 summation order alone "
-                                    "gives ~1e-6 on unit-length features")
-    fp32_min_cosine: float = opt(0.99999, "fp32 artifacts: worst per-image cosine allowed; a wrong op costs far more")
-    fp16_max_rel_l2: float = opt(1e-2, "fp16 artifacts: worst per-image ||a - r|| / ||r||; fp16 storage through a "
-                                       "ResNet gives ~1e-3, an RGB/BGR swap ~5e-2")
-    fp16_min_topk: float = opt(0.95, "fp16 artifacts: mean top-k neighbour overlap with PyTorch's features")
-    coreml_runtime: str = opt("auto", "auto: also run the real Core ML runtime where it exists (macOS); off: never",
-                              choices=("auto", "off"))
 
 
 def gates(cfg: ValidateConfig) -> dict[str, float]:

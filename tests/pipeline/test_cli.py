@@ -38,3 +38,66 @@ def test_doctor_reports_devices_and_coreml():
     result = CliRunner().invoke(main, ["doctor"])
     assert result.exit_code == 0, result.output
     assert "device cpu" in result.output and "Core ML predict:" in result.output
+
+
+# Lines the project itself prints; anything else in these commands' output is another library's noise.
+DOCTOR_LINES = ("python ", "torch ", "torchvision ", "coremltools ", "onnx ", "onnxruntime ", "device ", "auto picks: ",
+                "Core ML predict: ")
+EXPORT_LINES = ("ran `pipeline strip` first", "ran `pipeline trace` first", "writing encoder.", "wrote ")
+
+
+def _pipeline(*args, env=None):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k != "TQDM_DISABLE"}  # bars as a user sees them
+    res = subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return [line for line in (res.stdout + res.stderr).splitlines() if line.strip()]
+
+
+def test_doctor_prints_only_its_own_lines():
+    lines = _pipeline("doctor")
+    foreign = [line for line in lines if not line.startswith(DOCTOR_LINES)]
+    assert not foreign, foreign
+
+
+def test_export_right_after_pretrain_strips_traces_and_prints_only_its_own_lines(tmp_path, tiny_overrides):
+    """The card's `pipeline export --to coreml` works on a run that was only pretrained: strip and trace run first,
+    one line each; coremltools' import chatter and progress bars do not reach the user."""
+    import os
+
+    from stages import pretrain
+
+    run = tmp_path / "run"
+    cfg = pretrain.config_for_run(None, {**tiny_overrides, "max_steps": 1}, run, False)
+    pretrain.run(cfg, run, say=lambda *_: None)
+    lines = _pipeline("export", "--to", "coreml", "--run", run)
+    assert [line for line in lines if not line.startswith(EXPORT_LINES)] == []
+    assert lines[0].startswith("ran `pipeline strip` first (no ") and lines[1].startswith("ran `pipeline trace` first")
+    assert (run / "export" / "encoder.mlpackage").is_dir() and (run / "export" / "encoder.mlmodel").is_file()
+
+    encoder = run / "export" / "encoder.pt"  # older than the checkpoint: stale, as make would see it
+    earlier = (run / "checkpoints" / "last.pt").stat().st_mtime - 5
+    os.utime(encoder, (earlier, earlier))
+    res = CliRunner().invoke(main, ["export", "--to", "onnx", "--run", str(run)])
+    assert res.exit_code == 0, res.output
+    assert "ran `pipeline strip` first" in res.output and "is older than" in res.output
+    res = CliRunner().invoke(main, ["export", "--to", "onnx", "--run", str(run)])  # now up to date: nothing re-run
+    assert res.exit_code == 0 and "ran `pipeline" not in res.output, res.output
+
+
+def test_coreml_conversion_bars_are_off_inside_and_restored_after():
+    import tqdm
+
+    from export.quiet import CONVERSION_BARS, conversion_bars_off, import_coremltools
+
+    import_coremltools()
+    import importlib
+
+    with conversion_bars_off():
+        for module, attr in CONVERSION_BARS:
+            assert getattr(importlib.import_module(module), attr)(range(2)).disable, module
+    for module, attr in CONVERSION_BARS:
+        assert getattr(importlib.import_module(module), attr) is tqdm.tqdm

@@ -59,7 +59,7 @@ def test_cli_refuses_bad_requests_before_any_work(tmp_path):
     empty.mkdir()
     _one_line_error(_cli("export", "--run", empty, "--to", "onnx", "--precision", "fp16"), "fp32 only")
     _one_line_error(_cli("export", "--run", empty, "--to", "onnx", "--deployment-target", "iOS17"), "applies to mlpackage")
-    _one_line_error(_cli("export", "--run", empty), "no stripped encoder", "pipeline strip")
+    _one_line_error(_cli("export", "--run", empty), "no checkpoint", "pipeline pretrain")  # strip runs first
     _one_line_error(_cli("export", "--run", tmp_path / "missing"), "does not exist")
     (tmp_path / "bad.yaml").write_text("to: onnx\nfrobnicate: 1\n")
     _one_line_error(_cli("export", "--run", empty, "--config", tmp_path / "bad.yaml"), "unknown key `frobnicate`")

@@ -1,0 +1,153 @@
+"""Every stage's options: one dataclass per stage, each field with its default and the one-line reason for it.
+
+Torch-free on purpose, with the few names their choices need: the CLI builds its flags from these classes, and
+`pipeline --help` or a wrong flag must answer at once instead of after torch and torchvision load (seconds).
+tests/pipeline/test_configs.py checks that the name tuples here equal the registries they mirror.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from export.formats import COREML_FORMATS, FORMATS, TO_CHOICES
+from pipeline.config import opt
+
+METHOD_NAMES = ("simclr", "byol", "mocov3")  # = tuple(stages.methods.METHODS)
+BACKBONE_NAMES = ("resnet18", "resnet34", "resnet50")  # = tuple(stages.backbones.BACKBONES)
+AUGMENT_MODES = ("auto", "cpu", "device")  # where views are made (stages.augment.augment_mode)
+PREPROCESS_CHOICES = ("auto", "torch", "coreml")  # per-image preprocessing backend (stages.preprocess)
+
+WEIGHTED_K = 200  # the protocol's k (Wu et al. 2018), used by every SSL paper that reports kNN accuracy
+TEMPERATURE = 0.1  # the protocol's T: exp(sim / 0.1) makes the nearest neighbours count far more than the 200th
+MAJORITY_K = 20  # the plain vote most papers list beside the weighted one
+
+
+@dataclass
+class PretrainConfig:
+    method: str = opt("simclr", "SSL method", choices=METHOD_NAMES)
+    data: str = opt("digits", "data SPEC: digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
+    backbone: str = opt("resnet18", "torchvision ResNet, random init", choices=BACKBONE_NAMES)
+    small_stem: str = opt("auto", "3x3 stem without max-pool; auto = on for images <= 64 px", choices=("auto", "on", "off"))
+    image_size: int = opt(32, "training crop side in pixels; 32 keeps the CPU default run within minutes")
+    store_size: int = opt(0, "side at which images are decoded and kept; 0 = image size for array datasets, 8/7 x for folders")
+    epochs: int = opt(10, "passes over the train split")
+    batch_size: int = opt(128, "global batch: images per step over all processes (each of N GPUs takes batch/N; each image gives two views)")
+    lr: float | None = opt(None, "base learning rate per 256 images; None = the method's paper value")
+    lr_scaling: str = opt("linear", "peak lr = lr x batch/256 (linear, as the papers) or lr x sqrt(batch/256)", choices=("linear", "sqrt", "none"))
+    optimizer: str | None = opt(None, "None = the method's paper optimizer (LARS)", choices=("lars", "sgd", "adamw"))
+    lars_eta: float = opt(0.001, "LARS trust coefficient: each weight matrix moves by about lr x eta of its norm per step (the papers' 0.001 suits their 100k+ steps; small data trains for a few thousand and wants more, e.g. 0.02)")
+    weight_decay: float | None = opt(None, "None = the method's paper value")
+    warmup_epochs: float = opt(1.0, "linear warm-up before the cosine decay; short runs need a short warm-up")
+    temperature: float | None = opt(None, "softmax temperature (SimCLR, MoCo v3); None = paper value")
+    proj_dim: int | None = opt(None, "projector output size; None = paper value")
+    proj_hidden_dim: int | None = opt(None, "projector hidden size; None = paper value")
+    pred_hidden_dim: int | None = opt(None, "predictor hidden size (BYOL, MoCo v3); None = paper value")
+    momentum_base: float | None = opt(None, "EMA start of the momentum network, rises to 1 on a cosine (BYOL, MoCo v3)")
+    queue_size: int | None = opt(None, "MoCo v3 only: extra negatives from a ring buffer of past keys; 0 = none")
+    val_fraction: float = opt(0.1, "held out for evaluation, never trained on (CIFAR uses its own test set)")
+    device: str = opt("auto", "auto picks mps > cuda > cpu", choices=("auto", "cpu", "cuda", "mps"))
+    precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU; fp32 everywhere to debug", choices=("auto", "fp32"))
+    num_workers: int = opt(-1, "augmentation workers (cpu augment); -1 = one per spare core, up to 8")
+    augment: str = opt("auto", "where views are made: device = batched on the training GPU, cpu = per image in DataLoader workers (the reference); auto = device on cuda/mps", choices=AUGMENT_MODES)
+    preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = torchvision in the workers (the reference); auto = coreml where Core ML runs", choices=PREPROCESS_CHOICES)
+    channels_last: str = opt("auto", "NHWC memory format: about 2x faster bf16 convs on CUDA tensor cores; auto = on for CUDA only", choices=("auto", "on", "off"))
+    cuda_graphs: str = opt("auto", "replay the backbone's forward and backward as two CUDA graphs instead of launching its hundreds of kernels from Python every step (the host, not the GPU, limited small-image steps on an H200); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
+    compile: bool = opt(False, "torch.compile the backbone: off by default, it was slower than eager in issue 6's H200 measurement and takes minutes to compile")
+    sync_bn: bool = opt(False, "several GPUs: BatchNorm statistics over the global batch (SimCLR's choice), at one all-reduce per BN layer; CUDA only")
+    seed: int = opt(0, "seeds init, split, order and every augmentation draw")
+    max_steps: int = opt(0, "stop after this many total steps (0 = run all epochs); the schedule still spans all epochs")
+    log_every: int = opt(10, "steps between metrics.jsonl lines")
+    save_every: int = opt(0, "also keep checkpoints/epoch_NNNN.pt every N epochs (0 = only last.pt)")
+    checkpoint_every_s: float = opt(120.0, "write checkpoints/last.pt at the first epoch end this many seconds after the last write, and at the end; a crash loses at most this much training (0 = every epoch: on small data one write, ~190 MB for BYOL, took longer than an epoch)")
+    knn_every: int = opt(0, "kNN top-1 of val against train into metrics.jsonl every N epochs (0 = off: costs a pass over the data)")
+
+
+
+@dataclass
+class EvalConfig:
+    data: str = opt("", "labelled data SPEC to evaluate on; empty = the run's own data on its recorded split")
+    device: str = opt("auto", "where features are extracted; always fp32", choices=("auto", "cpu", "cuda", "mps"))
+    labels_per_class: int = opt(0, "also probe with only K labelled train images per class (0 = off; K >= 2)")
+    label_draws: int = opt(5, "independent K-per-class draws averaged: one draw of a few images is mostly noise")
+    batch_size: int = opt(256, "images per feature-extraction batch; memory only (eval-mode BN: no batch effects)")
+    holdout_fraction: float = opt(0.2, "part of each train class held out to choose C (k-fold when a class is small)")
+    knn_k: int = opt(WEIGHTED_K, "neighbours of the weighted kNN (Wu et al. 2018, as SSL papers report it)")
+    knn_temperature: float = opt(TEMPERATURE, "T of the weighted kNN's exp(sim / T) votes")
+    majority_k: int = opt(MAJORITY_K, "neighbours of the plain majority-vote kNN")
+    seed: int | None = opt(None, "seed of the held-out part/folds and of the K-per-class draws; None = the run's seed")
+
+
+
+@dataclass
+class StripConfig:
+    l2_normalize: bool = opt(True, "unit-length embeddings: the app's cosine similarity becomes a plain dot product")
+    proof_batch: int = opt(4, "random images on which stripped and full-model backbone features must be equal")
+    seed: int = opt(0, "seeds the proof's random images, so the recorded proof is reproducible")
+
+
+
+@dataclass
+class TraceConfig:
+    method: str = opt("auto", "auto = torch.export, falling back to torch.jit.trace where it fails; or force one",
+                      choices=("auto", "export", "jit"))
+    example_batch: int = opt(2, "batch of the example input; >= 2 so the batch stays dynamic (1 gets specialised)")
+    tolerance: float = opt(1e-5, "largest |traced - eager| on the example input before a trace is refused")
+    seed: int = opt(0, "seeds the example images (pixels 0..255)")
+
+
+
+@dataclass
+class ExportConfig:
+    to: str = opt("all", "which formats: coreml (.mlpackage + .mlmodel), onnx, or all", choices=TO_CHOICES)
+    precision: str | None = opt(None, "None = each format's default: fp16 for Core ML (half the size, the Neural "
+                                      "Engine's type), fp32 for ONNX", choices=("fp16", "fp32"))
+    coreml_format: str | None = opt(None, "None = both: the ML Program for iPadOS 15+, the one-file NeuralNetwork for "
+                                          "older iPads", choices=tuple(COREML_FORMATS))
+    deployment_target: str | None = opt(None, "ML Program minimum OS; None = iOS16 (iPadOS 16 runs on every iPad "
+                                              "since 2017)", choices=FORMATS["mlpackage"].options["deployment_target"][1])
+    opset: int | None = opt(None, "ONNX opset; None = 18, the lowest the torch.export-based exporter writes natively")
+    author: str = opt("ssl-edge-pipeline", "shown in Xcode's model view")
+    license: str = opt("MIT", "the pipeline's license; set the terms of your training data if they differ")
+    model_version: str | None = opt(None, "model version string shown in Xcode; None = <pipeline version>+<run id>.e<epochs>")
+    description: str | None = opt(None, "short description; None = method, backbone, input and output in one line")
+
+
+
+@dataclass
+class ValidateConfig:
+    images: str = opt("", "extra folder of images to check with, besides the run's val split (any PIL-readable files)")
+    max_images: int = opt(256, "cap on val images (and, separately, on --images files): enough for top-10 statistics, "
+                               "and the reference evaluators run one image at a time")
+    top_k: int = opt(10, "neighbours compared per query for retrieval agreement (clamped to images - 1)")
+    fp32_max_abs: float = opt(1e-4, "fp32 artifacts: largest |artifact - PyTorch| allowed; fp32 summation order alone "
+                                    "gives ~1e-6 on unit-length features")
+    fp32_min_cosine: float = opt(0.99999, "fp32 artifacts: worst per-image cosine allowed; a wrong op costs far more")
+    fp16_max_rel_l2: float = opt(1e-2, "fp16 artifacts: worst per-image ||a - r|| / ||r||; fp16 storage through a "
+                                       "ResNet gives ~1e-3, an RGB/BGR swap ~5e-2")
+    fp16_min_topk: float = opt(0.95, "fp16 artifacts: mean top-k neighbour overlap with PyTorch's features")
+    coreml_runtime: str = opt("auto", "auto: also run the real Core ML runtime where it exists (macOS); off: never",
+                              choices=("auto", "off"))
+
+
+
+@dataclass
+class BenchConfig:
+    method: str = opt("simclr", "SSL method", choices=METHOD_NAMES)
+    backbone: str = opt("resnet18", "torchvision ResNet", choices=BACKBONE_NAMES)
+    image_size: int = opt(32, "training crop side; 32 = issue 6's first configuration (small stem)")
+    batch_size: int | None = opt(None, "global batch; None = 512 on a GPU, 8 on a CPU (finishes within a minute on 2 cores)")
+    store_size: int = opt(0, "side of the stored images; 0 = the crop side up to 64 px (CIFAR-like), 8/7 of it above (ImageNet-like)")
+    device: str = opt("auto", "auto picks mps > cuda > cpu", choices=("auto", "cpu", "cuda", "mps"))
+    augment: str = opt("auto", "device | cpu (DataLoader workers: the usual recipe); auto = device on cuda/mps", choices=AUGMENT_MODES)
+    num_workers: int = opt(-1, "workers for --augment cpu; -1 = one per spare core, up to 8 (issue 6's usual recipe used 15)")
+    channels_last: str = opt("auto", "NHWC memory format; auto = on for CUDA", choices=("auto", "on", "off"))
+    compile: bool = opt(False, "torch.compile the backbone (compile time stays in the warm-up)")
+    cuda_graphs: str = opt("auto", "the backbone's forward and backward as CUDA graphs (as pretraining); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
+    precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU", choices=("auto", "fp32"))
+    warmup: int | None = opt(None, "untimed steps before each phase (cuDNN autotuning, allocator growth, worker start); None = 10 on a GPU, 1 on a CPU")
+    windows: int | None = opt(None, "timed windows per phase, median reported; None = 5 on a GPU, 3 on a CPU")
+    window_steps: int | None = opt(None, "steps per window; None = 20 on a GPU, 1 on a CPU")
+    seed: int = opt(0, "seeds init and augmentation draws")
+    profile: str = opt("", "CUDA: also record one window of each phase with torch.profiler into this folder (Chrome traces) and report GPU-busy %, host ms per step and the top kernels: tells a host-bound step from a GPU-bound one")
+    preprocess: str | None = opt(None, "instead of training, time each per-image preprocessing op (jitter, grayscale, blur, resize+normalise, a training item's two views) on this backend: torch, or coreml (macOS); batch x window-steps images per window", choices=("torch", "coreml"))
+
