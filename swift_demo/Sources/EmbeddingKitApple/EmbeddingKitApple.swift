@@ -1,0 +1,1 @@
+// Core ML / Vision / camera: see the other files (each is #if canImport(CoreML)).

@@ -1,0 +1,1 @@
+// Core ML tests: see CoreMLEncoderTests.swift (#if canImport(CoreML)).
