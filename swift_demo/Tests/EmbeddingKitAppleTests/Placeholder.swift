@@ -1,1 +1,0 @@
-// Core ML tests: see CoreMLEncoderTests.swift (#if canImport(CoreML)).
