@@ -204,11 +204,13 @@ def run(cfg: SwiftFixturesConfig, run_dir: Path, say=print) -> Path:
     if cfg.bank_per_class < 1:
         raise PipelineError(f"--bank-per-class must be >= 1, got {cfg.bank_per_class}")
     export_dir = run_dir / rundir.EXPORT
-    encoder, state = load_encoder(export_dir / "encoder.pt")
     sidecar = rundir.load_json(export_dir / "encoder.json", "export sidecar")
+    if not (export_dir / "encoder.pt").is_file():
+        raise PipelineError(f"no stripped encoder at {export_dir / 'encoder.pt'}: run `pipeline strip` first")
     encoder_sha = hashlib.sha256((export_dir / "encoder.pt").read_bytes()).hexdigest()
     if sidecar.get("encoder_sha256") != encoder_sha:
         raise PipelineError(f"{export_dir / 'encoder.json'} was made from another encoder.pt: run `pipeline export` again")
+    encoder, state = load_encoder(export_dir / "encoder.pt")
     model_meta = _model_metadata(export_dir, sidecar)
     size = int(state["image_size"])
     spec = rundir.load_json(run_dir / rundir.SPLIT, "split")

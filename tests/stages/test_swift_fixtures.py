@@ -94,3 +94,15 @@ def test_cli_errors_are_one_line(tmp_path):
     result = CliRunner().invoke(main, ["swift-fixtures", "--run", str(tmp_path / "missing")])
     assert result.exit_code == 2
     assert result.output.strip().startswith("error: ") and len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_check_says_whether_the_fixtures_are_current(tmp_path):
+    result = CliRunner().invoke(main, ["swift-fixtures", "--check"])
+    assert result.exit_code == 0 and "fixtures are current" in result.output
+    for p in sf.FIXTURES_DIR.iterdir():
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    m["expected"]["queries"][0]["top_ids"].reverse()
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    result = CliRunner().invoke(main, ["swift-fixtures", "--check", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1].startswith("error: 1 fixture(s) out of date")
