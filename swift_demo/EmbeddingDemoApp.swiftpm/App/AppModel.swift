@@ -87,7 +87,7 @@ final class AppModel: ObservableObject {
                 let m = r.metrics
                 selfTest.append("\(choice.rawValue) (ran on \(e.computeChoice.rawValue), \(r.precision.rawValue) gates): "
                                 + (r.passed ? "PASS" : "FAIL \(r.failures.joined(separator: ", "))")
-                                + String(format: " — worst cos %.6f, worst rel L2 %.2e, top-%d %.3f", m.worstCosine, m.worstRelL2, m.topK, m.topKAgreement ?? 0))
+                                + String(format: " — worst cos %.6f, worst rel L2 %.2e, top-%ld %.3f", m.worstCosine, m.worstRelL2, m.topK, m.topKAgreement ?? 0))
             } catch {
                 selfTest.append("\(choice.rawValue): \(error)")
             }
@@ -167,7 +167,7 @@ final class AppModel: ObservableObject {
                       centroid: c?.label.map { classes[$0] } ?? "unknown", cosine: c?.cosine ?? 0)
     }
 
-    static func decode(_ data: Data) -> (CGImage, ExifOrientation)? {
+    nonisolated static func decode(_ data: Data) -> (CGImage, ExifOrientation)? {
         guard let src = CGImageSourceCreateWithData(data as CFData, nil), let image = CGImageSourceCreateImageAtIndex(src, 0, nil) else { return nil }
         let props = CGImageSourceCopyPropertiesAtIndex(src, 0, nil) as? [CFString: Any]
         let raw = (props?[kCGImagePropertyOrientation] as? NSNumber)?.intValue ?? 1

@@ -53,13 +53,13 @@ struct ModelTab: View {
             }
             .navigationTitle("Embedding Demo")
             .fileImporter(isPresented: $pickModel, allowedContentTypes: modelTypes) { result in
-                if case .success(let url) = result { Task { await app.importModel(url) } }
+                if case .success(let url) = result { Task { @MainActor in await app.importModel(url) } }
             }
             .fileImporter(isPresented: $pickSidecar, allowedContentTypes: [.json]) { result in
                 if case .success(let url) = result { app.importSidecar(url) }
             }
             .onChange(of: photo) { _, item in
-                Task {
+                Task { @MainActor in
                     let data = try? await item?.loadTransferable(type: Data.self)
                     let decoded = data.flatMap(AppModel.decode)
                     await app.runSelfTest(photo: decoded?.0, orientation: decoded?.1 ?? .up)
@@ -80,7 +80,7 @@ struct CollectTab: View {
                 if app.needsReembed {
                     Section {
                         Text("The stored photos were embedded by another model.").foregroundStyle(.orange)
-                        Button("Re-embed them with this model") { Task { await app.reembedAll() } }
+                        Button("Re-embed them with this model") { Task { @MainActor in await app.reembedAll() } }
                     }
                 }
                 TextField("Label for the next photos", text: $label)
@@ -94,7 +94,7 @@ struct CollectTab: View {
             }
             .navigationTitle("Collect")
             .onChange(of: items) { _, picked in
-                Task {
+                Task { @MainActor in
                     for item in picked {
                         if let data = try? await item.loadTransferable(type: Data.self) { await app.add(photo: data, label: label) }
                     }
@@ -131,7 +131,7 @@ struct SearchTab: View {
             }
             .navigationTitle("Search")
             .onChange(of: item) { _, picked in
-                Task {
+                Task { @MainActor in
                     guard let data = try? await picked?.loadTransferable(type: Data.self), let (image, o) = AppModel.decode(data),
                           let v = try? await app.embed(image, orientation: o), let index = app.index else { return }
                     hits = ((try? index.search(v, top: 10)) ?? []).map { ($0.record.id, $0.record.label, $0.similarity) }
@@ -158,7 +158,7 @@ struct LiveTab: View {
                     Text("centroid: \(a.centroid)  cos \(String(format: "%.3f", a.cosine))").font(.title2)
                         .foregroundStyle(a.centroid == "unknown" ? .orange : .primary)
                 }
-                Text(String(format: "%.1f ms per frame, %.1f FPS (every %dth frame)", msPerFrame, fps, Int(everyNth))).monospacedDigit()
+                Text(String(format: "%.1f ms per frame, %.1f FPS (every %ldth frame)", msPerFrame, fps, Int(everyNth))).monospacedDigit()
                 Slider(value: $everyNth, in: 1...10, step: 1) { Text("every Nth frame") }
                 Slider(value: $app.threshold, in: 0...1) { Text("unknown below") }
                 Text(String(format: "\"unknown\" below cosine %.2f", app.threshold))
@@ -167,13 +167,17 @@ struct LiveTab: View {
             .padding()
             .navigationTitle("Live")
             .onDisappear { stop() }
+            .onReceive(NotificationCenter.default.publisher(for: UIDevice.orientationDidChangeNotification)) { _ in
+                if let o = CameraFrames.backCameraOrientation(UIDevice.current.orientation) { camera?.orientation = o }
+            }
         }
     }
 
-    func start() {
+    @MainActor func start() {
         let cam = CameraFrames()
+        cam.orientation = CameraFrames.backCameraOrientation(UIDevice.current.orientation) ?? .right
         camera = cam
-        Task {
+        Task { @MainActor in
             guard let frames = try? cam.frames(), let vision = app.vision else { return }
             var n = 0
             var last = Date()
@@ -181,7 +185,8 @@ struct LiveTab: View {
                 n += 1
                 if n % Int(everyNth) != 0 { continue }
                 let t0 = Date()
-                guard let v = try? vision.embed(frame.pixelBuffer, orientation: frame.orientation.cgOrientation) else { continue }
+                let embedded = await Task.detached { try? vision.embed(frame.pixelBuffer, orientation: frame.orientation.cgOrientation) }.value
+                guard let v = embedded else { continue }
                 answer = app.classify(v)
                 msPerFrame = Date().timeIntervalSince(t0) * 1000
                 fps = 1 / max(Date().timeIntervalSince(last), 1e-6)
@@ -190,7 +195,7 @@ struct LiveTab: View {
         }
     }
 
-    func stop() {
+    @MainActor func stop() {
         camera?.stop()
         camera = nil
     }

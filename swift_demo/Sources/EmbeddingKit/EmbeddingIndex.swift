@@ -167,19 +167,22 @@ public struct EmbeddingIndex: Sendable {
     }
 }
 
+/// Little-endian reads from a byte buffer; running past the end throws the caller's own error.
 struct Reader {
     let data: Data
     var offset = 0
     var end: Int
+    let short: (String) -> Error
 
-    init(data: Data, offset: Int = 0, end: Int? = nil) {
+    init(data: Data, offset: Int = 0, end: Int? = nil, short: @escaping (String) -> Error = { IndexError.truncated($0) }) {
         self.data = data
         self.offset = offset
         self.end = end ?? data.count
+        self.short = short
     }
 
     mutating func bytes(_ n: Int, _ what: String) throws -> [UInt8] {
-        guard n >= 0, offset + n <= end else { throw IndexError.truncated("\(what) at byte \(offset)") }
+        guard n >= 0, offset >= 0, offset + n <= end else { throw short("\(what) at byte \(offset)") }
         let start = data.startIndex + offset
         offset += n
         return Array(data[start..<(start + n)])

@@ -34,16 +34,17 @@ public struct ZipArchive {
 
     public let entries: [Entry]
     let data: Data
+    static let truncated: (String) -> Error = { ZipError.corrupt("truncated: \($0)") }
 
     public init(data: Data) throws {
         self.data = data
-        var r = Reader(data: data)
+        var r = Reader(data: data, short: Self.truncated)
         guard data.count >= 22 else { throw ZipError.notAZip }
         // The end-of-central-directory record: 22 bytes plus a comment of up to 65,535, so searched backwards.
         var eocd: Int?
         var p = data.count - 22
         while p >= max(0, data.count - 22 - 65_535) {
-            var probe = Reader(data: data, offset: p)
+            var probe = Reader(data: data, offset: p, short: Self.truncated)
             if (try? probe.le("") as UInt32) == 0x0605_4B50 { eocd = p; break }
             p -= 1
         }
@@ -80,7 +81,7 @@ public struct ZipArchive {
 
     /// An entry's bytes, inflated and CRC-checked.
     public func contents(of e: Entry, inflate: (Data, Int) throws -> Data) throws -> Data {
-        var r = Reader(data: data, offset: e.localHeaderOffset)
+        var r = Reader(data: data, offset: e.localHeaderOffset, short: Self.truncated)
         guard (try r.le("local header") as UInt32) == 0x0403_4B50 else { throw ZipError.corrupt("local header of \(e.name)") }
         r.offset = e.localHeaderOffset + 26
         let nameLen = Int(try r.le("name length") as UInt16)

@@ -1,7 +1,7 @@
 // Camera frames with back-pressure (ml-mobileclip's InferenceView): the capture output drops frames that arrive
 // while the delegate is busy, and the stream keeps only the newest frame, so a slow model never builds a queue —
 // the next inference always sees the latest frame. Frames come in sensor orientation; each carries the orientation
-// that turns it upright for the current device rotation.
+// that turns it upright; the UI sets `orientation` from the device rotation (UIDevice is main-actor only).
 #if canImport(CoreML) && canImport(AVFoundation) && os(iOS)
 import AVFoundation
 import CoreVideo
@@ -19,6 +19,8 @@ public final class CameraFrames: NSObject, AVCaptureVideoDataOutputSampleBufferD
     let output = AVCaptureVideoDataOutput()
     let queue = DispatchQueue(label: "camera.frames")
     var continuation: AsyncStream<CameraFrame>.Continuation?
+    /// How the frames must be turned to stand upright; portrait by default.
+    public var orientation: ExifOrientation = .right
 
     public enum CameraError: Error { case noCamera, cannotAdd }
 
@@ -47,17 +49,19 @@ public final class CameraFrames: NSObject, AVCaptureVideoDataOutputSampleBufferD
 
     public func captureOutput(_ output: AVCaptureOutput, didOutput sampleBuffer: CMSampleBuffer, from connection: AVCaptureConnection) {
         guard let buffer = CMSampleBufferGetImageBuffer(sampleBuffer) else { return }
-        continuation?.yield(CameraFrame(pixelBuffer: buffer, orientation: Self.backCameraOrientation(),
+        continuation?.yield(CameraFrame(pixelBuffer: buffer, orientation: orientation,
                                         time: CMSampleBufferGetPresentationTimeStamp(sampleBuffer)))
     }
 
-    /// The back camera's sensor is landscape-left: portrait needs a quarter turn clockwise (EXIF 6).
-    static func backCameraOrientation() -> ExifOrientation {
-        switch UIDevice.current.orientation {
+    /// The back camera's sensor is landscape-left: portrait needs a quarter turn clockwise (EXIF 6). nil when the
+    /// device lies flat or its rotation is unknown: keep the last one.
+    public static func backCameraOrientation(_ device: UIDeviceOrientation) -> ExifOrientation? {
+        switch device {
+        case .portrait: return .right
         case .portraitUpsideDown: return .left
         case .landscapeLeft: return .up
         case .landscapeRight: return .down
-        default: return .right
+        default: return nil
         }
     }
 }

@@ -64,7 +64,9 @@ public final class CoreMLEmbedder: ImageEmbedder, @unchecked Sendable {  // MLMo
         guard let size = imported.imageSize, let sha = imported.encoderSHA256 else {
             throw ModelImportError.notAnEncoder("no image_size / encoder_sha256 in its metadata")
         }
-        (model, computeChoice) = try ComputeChoice.load(imported.compiledURL, preferring: choice)
+        let loaded = try ComputeChoice.load(imported.compiledURL, preferring: choice)
+        model = loaded.0
+        computeChoice = loaded.1
         imageSize = size
         encoderSHA256 = sha
         inputName = imported.metadata["input_name"] ?? "image"

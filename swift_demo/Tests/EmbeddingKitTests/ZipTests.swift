@@ -26,3 +26,14 @@ final class ZipTests: XCTestCase {
         XCTAssertThrowsError(try ZipArchive(data: Data("not a zip at all, just some text".utf8))) { XCTAssertEqual($0 as? ZipError, .notAZip) }
     }
 }
+
+final class ZipTruncationTests: XCTestCase {
+    func testACutZipIsACorruptZipNeverAnIndexError() throws {
+        let data = try Data(contentsOf: URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("ZipSamples/model.zip"))
+        for n in [30, 200, data.count - 30, data.count - 1] {
+            XCTAssertThrowsError(try ZipArchive(data: data.prefix(n)).extract(into: FileManager.default.temporaryDirectory.appendingPathComponent("ekcut-\(UUID().uuidString)"), inflate: ZipArchive.storedOnly), "cut at \(n)") {
+                XCTAssertTrue($0 is ZipError, "cut at \(n): \($0)")
+            }
+        }
+    }
+}
