@@ -68,7 +68,8 @@ class SwiftFixturesConfig:
     out: str = opt("", "folder to write; empty = swift_demo/Tests/EmbeddingKitTests/Fixtures, what `swift test` reads")
     bank_per_class: int = opt(10, "train images per class in the search/kNN bank: 100 rows on 10 classes, fewer than "
                                   "k = 200, so the cap at the bank size is exercised too")
-    max_bytes: int = opt(1_000_000, "the fixtures are committed: refuse to write more (lower --bank-per-class)")
+    max_bytes: int = opt(1_000_000, "the fixtures are committed: refuse to write more unless raised (a 224 px model's "
+                                    "24 crops alone are 3.6 MB)")
 
 
 # ---------------------------------------------------------------- pixels: what an app's decoder hands over
@@ -265,7 +266,9 @@ def run(cfg: SwiftFixturesConfig, run_dir: Path, say=print) -> Path:
     }
     total = sum(len(b) for b in files.values())
     if total > cfg.max_bytes:
-        raise PipelineError(f"the fixtures would take {total:,} bytes > --max-bytes {cfg.max_bytes:,}: lower --bank-per-class")
+        parts = ", ".join(f"{name} {len(blob):,}" for name, blob in sorted(files.items(), key=lambda kv: -len(kv[1]))[:3])
+        raise PipelineError(f"the fixtures would take {total:,} bytes ({parts}) > --max-bytes {cfg.max_bytes:,}: lower "
+                            f"--bank-per-class, or raise --max-bytes (large models at large image sizes need more)")
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, blob in files.items():  # manifest.json last: it names the others
         with rundir.atomic_path(out_dir / name) as tmp:
