@@ -16,10 +16,9 @@ let package = Package(
             name: "Embedding Demo",
             targets: ["AppModule"],
             bundleIdentifier: "org.sslEdgePipeline.EmbeddingDemo",
+            teamIdentifier: "",  // set yours in Xcode's Signing & Capabilities to run on an iPad
             displayVersion: "1.0",
             bundleVersion: "1",
-            appIcon: .placeholder(icon: .leaf),
-            accentColor: .presetColor(.blue),
             supportedDeviceFamilies: [.pad, .phone],
             supportedInterfaceOrientations: [.portrait, .landscapeRight, .landscapeLeft, .portraitUpsideDown(.when(deviceFamilies: [.pad]))],
             capabilities: [.camera(purposeString: "Live classification of what the camera sees, with your model.")]
