@@ -53,8 +53,7 @@ final class AppModel: ObservableObject {
     func use(_ imported: ImportedModel) throws {
         model = imported
         embedder = try CoreMLEmbedder(imported, preferring: .all)
-        let (ml, _) = try ComputeChoice.load(imported.compiledURL, preferring: .all)
-        vision = try VisionEmbedder(model: ml)
+        vision = try VisionEmbedder(imported, preferring: .all)
         selfTest = []
         openIndex()
     }

@@ -47,13 +47,12 @@ final class CoreMLEncoderTests: XCTestCase {
     func testVisionCenterCropIsCloseToThePipelinesCrop() async throws {
         let set = try FixtureSet(folder: Self.fixtures)
         let model = try await compiled("encoder.mlpackage")
-        let (ml, _) = try ComputeChoice.load(model.compiledURL, preferring: .cpuOnly)
-        let vision = try VisionEmbedder(model: ml)
+        let vision = try VisionEmbedder(model, preferring: .cpuOnly)
         let direct = try CoreMLEmbedder(model, preferring: .cpuOnly)
         // The identity-size query: Vision has nothing to resample, so both paths must agree to fp16 tolerance.
         let i = set.manifest.queries.firstIndex { $0.width == set.manifest.imageSize && $0.height == set.manifest.imageSize && $0.layout == .rgb }!
         let crop = set.expectedCrop(i)
-        let viaVision = try vision.embed(try PixelBuffers.bgra(crop), orientation: .up)
+        let viaVision = try await vision.embed(crop)  // through the same protocol as the direct encoder
         let viaCrop = try await direct.embed(crop)
         XCTAssertGreaterThan(Vectors.cosine(viaVision, viaCrop), 0.999)
     }
