@@ -91,6 +91,12 @@ final class AppModel: ObservableObject {
                 selfTest.append("\(choice.rawValue): \(error)")
             }
         }
+        if let vision {  // the golden crops are at the model's size: Vision must pass the same gates
+            do {
+                let r = try await SelfTest.run(vision, crops: crops, reference: golden.queryEmbeddings, referenceEncoder: golden.manifest.encoderSha256)
+                selfTest.append("Vision, centerCrop (\(vision.computeChoice.rawValue)): " + (r.passed ? "PASS" : "FAIL \(r.failures.joined(separator: ", "))"))
+            } catch { selfTest.append("Vision: \(error)") }
+        }
         if let photo, let embedder, let vision, let size = model.imageSize {
             do {
                 let viaCrop = try await embedder.embed(try PhotoPixels.crop(photo, orientation: orientation, size: size))
