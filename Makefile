@@ -14,7 +14,9 @@ EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/cor
                 export/metadata.py
 VALIDATE_SRC := stages/validate.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
 
-.PHONY: all install test clean-run
+SWIFT ?= swift
+
+.PHONY: all install test clean-run swift-fixtures
 all: $(RUN)/validate/parity.json
 	@$(BIN)/pipeline show --run $(RUN)
 
@@ -45,8 +47,14 @@ $(RUN)/export/encoder.json: $(RUN)/export/trace.json $(RUN)/eval/linear.json $(E
 $(RUN)/validate/parity.json: $(RUN)/export/encoder.json $(VALIDATE_SRC)
 	$(BIN)/pipeline validate --run $(RUN)
 
+# pytest, then the Swift package's tests (EmbeddingKit against the committed fixtures; no torch needed there)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 tests
+	cd swift_demo && $(SWIFT) test
+
+# golden files for swift_demo/ from the run's export/encoder.pt (commit them; a pytest checks they are current)
+swift-fixtures: $(RUN)/export/encoder.json
+	$(BIN)/pipeline swift-fixtures --run $(RUN)
 
 clean-run:
 	rm -rf $(RUN)

@@ -260,5 +260,30 @@ def show(run):
         raise PipelineError(f"{run_dir} has no eval/linear.json or validate/{validate.PARITY} yet: run `make all`")
 
 
+@main.command("swift-fixtures")
+@click.option("--run", type=click.Path(), default=None, help="run directory [default: runs/default]")
+@click.option("--out", default="", help="folder to write [default: swift_demo/Tests/EmbeddingKitTests/Fixtures]")
+@click.option("--bank-per-class", type=int, default=10, show_default=True, help="train images per class in the kNN bank")
+@click.option("--max-bytes", type=int, default=1_000_000, show_default=True, help="refuse to write more (they are committed)")
+@click.option("--check", is_flag=True, help="only say whether the committed fixtures are current (needs no run)")
+@one_line_errors
+def swift_fixtures(run, out, bank_per_class, max_bytes, check):
+    """Golden files for swift_demo's `swift test`: raw pixels and the pipeline's crops, export/encoder.pt's embeddings,
+    encoder.json and the model's metadata, and the pipeline's kNN / majority / centroid / parity answers."""
+    from pipeline.rundir import resolve_run
+    from stages import swift_fixtures as stage
+
+    if check:
+        reasons = stage.stale_reasons(Path(out) if out else stage.FIXTURES_DIR)
+        for r in reasons:
+            click.echo(r)
+        if reasons:
+            raise PipelineError(f"{len(reasons)} fixture(s) out of date: run `make swift-fixtures`")
+        click.echo("fixtures are current")
+        return
+    cfg = stage.SwiftFixturesConfig(out=out, bank_per_class=bank_per_class, max_bytes=max_bytes)
+    stage.run(cfg, resolve_run(run, say=click.echo), say=click.echo)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,108 @@
+"""The committed Swift fixtures are what the pipeline's current code makes of their inputs, and the generator writes
+fixtures that pass that check. (`swift test` in swift_demo/ checks the Swift port against the same files.)"""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pipeline import rundir
+from pipeline.cli import main
+from stages import swift_fixtures as sf
+from stages.backbones import build_backbone
+
+
+def test_committed_fixtures_are_current():
+    assert sf.stale_reasons(sf.FIXTURES_DIR) == [], "run `make swift-fixtures` (then `swift test` in swift_demo/)"
+
+
+def test_committed_fixtures_are_small_and_cover_every_case():
+    total = sum(p.stat().st_size for p in sf.FIXTURES_DIR.iterdir() if p.is_file())
+    assert total < 1_000_000
+    m = json.loads((sf.FIXTURES_DIR / "manifest.json").read_text())
+    assert {q["orientation"] for q in m["queries"]} == set(range(1, 9))
+    assert {q["layout"] for q in m["queries"]} == set(sf.LAYOUT_ORDER)
+    assert any(q["alpha"] for q in m["queries"])
+
+
+def test_a_changed_crop_or_prediction_is_reported(tmp_path):
+    for p in sf.FIXTURES_DIR.iterdir():
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    crops = bytearray((tmp_path / "crops.u8").read_bytes())
+    crops[5] ^= 1
+    (tmp_path / "crops.u8").write_bytes(bytes(crops))
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    m["expected"]["queries"][2]["knn_label"] += 1
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    reasons = sf.stale_reasons(tmp_path)
+    assert any(r.startswith("query 0: decode_image") for r in reasons)
+    assert any(r.startswith("query 2: kNN") for r in reasons)
+
+
+def test_layouts_round_trip():
+    rgba = np.random.default_rng(0).integers(0, 256, (3, 5, 4), dtype=np.uint8)
+    for layout in ("rgba", "bgra", "argb"):
+        assert np.array_equal(sf.from_layout(sf.to_layout(rgba, layout), 5, 3, layout), rgba)
+    assert sf.to_layout(rgba, "bgra")[:4] == bytes(rgba[0, 0, [2, 1, 0, 3]])
+
+
+def _tiny_run(tmp_path, size=16):
+    """A run directory with what the generator reads: split.json, export/encoder.pt, export/encoder.json."""
+    run = tmp_path / "run"
+    (run / "export").mkdir(parents=True)
+    torch.manual_seed(0)
+    backbone, feat_dim = build_backbone("resnet18", True)
+    state = {"state_dict": backbone.state_dict(), "backbone": "resnet18", "small_stem": True, "feat_dim": feat_dim,
+             "image_size": size, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "l2_normalize": True,
+             "metadata": {"method": "simclr", "run_id": "run"}}
+    torch.save(state, run / "export" / "encoder.pt")
+    sha = hashlib.sha256((run / "export" / "encoder.pt").read_bytes()).hexdigest()
+    rundir.write_json_atomic(run / "export" / "encoder.json", {"run_id": "run", "encoder_sha256": sha, "artifacts": []})
+    rundir.write_json_atomic(run / "split.json", {"spec": "synthetic:120", "seed": 0, "train": list(range(80)),
+                                                   "val": list(range(80, 120))})
+    return run, sha
+
+
+def test_generator_writes_current_fixtures(tmp_path, monkeypatch):
+    run, sha = _tiny_run(tmp_path)
+    # Reading a real Core ML model needs an export (minutes); the reader is swapped for its output's shape.
+    monkeypatch.setattr(sf, "_model_metadata", lambda export_dir, sidecar: {
+        "file": "encoder.mlmodel", "user_defined_metadata": {"encoder_sha256": sidecar["encoder_sha256"]},
+        "input_names": ["image"], "output_names": ["embedding"]})
+    out = sf.run(sf.SwiftFixturesConfig(out=str(tmp_path / "fx"), bank_per_class=5), run, say=lambda s: None)
+    assert sf.stale_reasons(out) == []
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["encoder_sha256"] == sha and len(m["bank"]) == 20 and len(m["queries"]) == len(sf.CASES)
+    assert (out / "embeddings.f32").stat().st_size == (20 + len(sf.CASES)) * 512 * 4
+    assert any(q["centroid_label"] is None for q in m["expected"]["queries"])
+    with pytest.raises(sf.PipelineError, match="--max-bytes"):
+        sf.run(sf.SwiftFixturesConfig(out=str(tmp_path / "fx2"), max_bytes=1000), run, say=lambda s: None)
+    assert not (tmp_path / "fx2").exists()
+
+
+def test_generator_refuses_a_sidecar_of_another_encoder(tmp_path):
+    run, _ = _tiny_run(tmp_path)
+    rundir.write_json_atomic(run / "export" / "encoder.json", {"encoder_sha256": "0" * 64, "artifacts": []})
+    with pytest.raises(sf.PipelineError, match="another encoder.pt"):
+        sf.run(sf.SwiftFixturesConfig(out=str(tmp_path / "fx")), run, say=lambda s: None)
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    result = CliRunner().invoke(main, ["swift-fixtures", "--run", str(tmp_path / "missing")])
+    assert result.exit_code == 2
+    assert result.output.strip().startswith("error: ") and len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_check_says_whether_the_fixtures_are_current(tmp_path):
+    result = CliRunner().invoke(main, ["swift-fixtures", "--check"])
+    assert result.exit_code == 0 and "fixtures are current" in result.output
+    for p in sf.FIXTURES_DIR.iterdir():
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    m["expected"]["queries"][0]["top_ids"].reverse()
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    result = CliRunner().invoke(main, ["swift-fixtures", "--check", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1].startswith("error: 1 fixture(s) out of date")
