@@ -14,7 +14,8 @@ EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/cor
                 export/metadata.py
 VALIDATE_SRC := stages/validate.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
 
-SWIFT ?= swift
+# the toolchain's usual place, for a shell that starts without /opt/swift on PATH
+SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
 
 .PHONY: all install test clean-run swift-fixtures
 all: $(RUN)/validate/parity.json
