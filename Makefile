@@ -11,7 +11,7 @@ PRETRAIN_SRC := stages/pretrain.py stages/augment.py stages/device_augment.py st
                 stages/optim.py stages/distributed.py $(wildcard stages/methods/*.py)
 EVAL_SRC     := stages/linear_eval.py stages/knn.py stages/features.py
 EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/coreml.py export/onnx_format.py \
-                export/metadata.py
+                export/metadata.py export/quiet.py stages/configs.py
 VALIDATE_SRC := stages/validate.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
 
 # the toolchain's usual place, for a shell that starts without /opt/swift on PATH
