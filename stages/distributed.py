@@ -127,4 +127,7 @@ def launch(nproc: int, args: list[str], device: str) -> int:
                 raise PipelineError(f"--gpus {nproc}: only {torch.cuda.device_count()} CUDA device(s) visible")
         elif device != "auto" or (torch.backends.mps.is_built() and torch.backends.mps.is_available()):
             raise PipelineError(f"--gpus {nproc} needs CUDA GPUs; use --device cpu for CPU processes (gloo)")
-    return subprocess.call(torchrun_command(nproc, args))
+    # torchrun sets OMP_NUM_THREADS=1 in each process when it is unset, and prints a warning saying so; the cores
+    # split evenly between the processes is the better value, and set here the warning has nothing to say.
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
+    return subprocess.call(torchrun_command(nproc, args), env={**os.environ, "OMP_NUM_THREADS": threads})
