@@ -13,9 +13,10 @@ EVAL_SRC     := stages/linear_eval.py stages/knn.py stages/features.py
 EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/coreml.py export/onnx_format.py \
                 export/metadata.py
 VALIDATE_SRC := stages/validate.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
+REPORT_SRC   := stages/report.py stages/report_figures.py
 
-.PHONY: all install test clean-run
-all: $(RUN)/validate/parity.json
+.PHONY: all install test clean-run browser
+all: $(RUN)/report.html
 	@$(BIN)/pipeline show --run $(RUN)
 
 install: $(STAMP)
@@ -45,8 +46,19 @@ $(RUN)/export/encoder.json: $(RUN)/export/trace.json $(RUN)/eval/linear.json $(E
 $(RUN)/validate/parity.json: $(RUN)/export/encoder.json $(VALIDATE_SRC)
 	$(BIN)/pipeline validate --run $(RUN)
 
-test: $(STAMP)
+# the page of every file above: made last, so it shows the whole run
+$(RUN)/report.html: $(RUN)/validate/parity.json $(RUN)/eval/linear.json $(REPORT_SRC)
+	$(BIN)/pipeline report --run $(RUN)
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -n 2 tests
+
+# Debian's headless Chromium and its driver, for the report's browser test; installed only when missing, and only
+# as root (elsewhere the test skips and says why).
+browser:
+	@if command -v chromedriver >/dev/null && { command -v chromium >/dev/null || command -v chromium-browser >/dev/null; }; then :; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "note: chromium/chromedriver missing and not root: the report's browser test will be skipped"; fi
 
 clean-run:
 	rm -rf $(RUN)

@@ -26,6 +26,7 @@ LAST_CHECKPOINT = "checkpoints/last.pt"
 EVAL = "eval"
 EXPORT = "export"
 VALIDATE = "validate"
+REPORT = "report.html"  # written by `pipeline report`; `pipeline show` points at it
 
 
 @contextmanager
