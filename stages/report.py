@@ -164,7 +164,7 @@ class Run:
             return None
 
         def read():
-            ckpt = rundir.load_checkpoint(path)
+            ckpt = rundir.load_checkpoint(path, mmap=True)  # the weights are never read, only the step and meta
             return {"step": ckpt.get("step"), "epochs_done": ckpt.get("epochs_done"), **(ckpt.get("meta") or {})}
 
         return self._once("checkpoint", read)
@@ -409,12 +409,16 @@ def embedding_map(run: Run) -> str:
     tsne_note = f"t-SNE left out: {len(keep):,} images is more than --tsne-max {cfg.tsne_max:,}"
     if len(keep) <= cfg.tsne_max and len(keep) > 5:
         from sklearn.manifold import TSNE
+        from threadpoolctl import threadpool_limits
 
         for w, title in (("pretrained", "pretrained"), ("random", "random init")):
             x = feats[w][1][keep]
             x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
             perplexity = min(30.0, (len(keep) - 1) / 3)
-            xy = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=cfg.seed).fit_transform(x)
+            # One OpenMP thread: t-SNE's gradient on a few hundred points is microseconds of work per thread, and
+            # on a busy machine threads waiting for each other made each of its 1000 steps take 0.1 s.
+            with threadpool_limits(limits=1):
+                xy = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=cfg.seed).fit_transform(x)
             maps.append((f"t-SNE, {title}", xy))
         tsne_note = f"t-SNE: perplexity {min(30.0, (len(keep) - 1) / 3):.1f}, seed {cfg.seed}"
     return (str(img(embedding_maps(maps, val_y[keep], classes), "embedding maps of the val images")) +

@@ -11,7 +11,10 @@ import io
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 DPI = 100  # figures are sized in inches for this DPI; the page scales them to its width
 PRETRAINED, RANDOM = "#1f6fb5", "#d9822b"  # one colour per backbone, the same in every figure and table
@@ -85,16 +88,16 @@ def embedding_maps(maps: list[tuple[str, np.ndarray]], labels: np.ndarray, class
     cols = 2
     rows = (len(maps) + cols - 1) // cols
     fig = Figure(figsize=(4.2 * cols + 0.8, 3.8 * rows), layout="constrained")  # room for the outside legend
-    cmap = "tab10" if len(classes) <= 10 else "tab20"
+    palette = colormaps["tab10" if len(classes) <= 10 else "tab20"].colors  # one fixed colour per class index
+    colours = [palette[int(c) % len(palette)] for c in labels]
     for i, (title, xy) in enumerate(maps):
         ax = fig.add_subplot(rows, cols, i + 1)
-        sc = ax.scatter(xy[:, 0], xy[:, 1], c=labels, cmap=cmap, vmin=-0.5, vmax=max(len(classes), 10 if cmap == "tab10" else 20) - 0.5,
-                        s=10 if len(xy) < 2000 else 3, alpha=0.85, linewidths=0)
+        ax.scatter(xy[:, 0], xy[:, 1], c=colours, s=10 if len(xy) < 2000 else 3, alpha=0.85, linewidths=0)
         ax.set_title(title, fontsize=10)
         ax.set_xticks([])
         ax.set_yticks([])
-    if len(classes) <= 20:
-        handles = [fig.axes[0].scatter([], [], color=sc.cmap(sc.norm(c)), s=20) for c in range(len(classes))]
+    if len(classes) <= len(palette):
+        handles = [Line2D([], [], ls="", marker="o", ms=5, color=palette[c]) for c in range(len(classes))]
         fig.legend(handles, classes, loc="outside right center", fontsize=8, title="class", title_fontsize=8,
                    frameon=False)
     return _png(fig)
@@ -114,12 +117,14 @@ def parity_histograms(panels: list[dict]) -> bytes:
         hi = max(v.max() if len(v) else p["gate"], p["gate"]) * 2
         bins = np.geomspace(lo, hi, 30)
         ax.hist(np.clip(v, lo, None), bins=bins, color=PRETRAINED, alpha=0.85)
-        ax.axvline(p["gate"], color="#c0392b", lw=2, label=f"gate {p['gate']:g}")
+        ax.axvline(p["gate"], color="#c0392b", lw=2)
         ax.set_xscale("log")
-        ax.set_title(p["title"], fontsize=9)
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))  # 1e-3, 3e-3, 1e-2: enough to read off
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())  # labels at every minor tick overlap on a narrow panel
+        ax.set_title(f"{p['title']}\ngate {p['gate']:g} (red line)", fontsize=9)
         ax.set_xlabel(p["xlabel"], fontsize=8)
         ax.set_ylabel("images", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=7, loc="upper left", frameon=False)
     fig.tight_layout()
     return _png(fig)
