@@ -20,17 +20,20 @@ import datetime
 import html
 import json
 import shlex
+import statistics
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline import rundir
 from pipeline.config import opt
 from pipeline.errors import PipelineError
 
+# numpy, torch, sklearn and matplotlib are imported where used: `pipeline --help` imports this module for
+# ReportConfig's flags and should stay instant.
+if TYPE_CHECKING:
+    import numpy as np
 FEATURES = {"pretrained": "features_pretrained.pt", "random": "features_random.pt"}  # in RUN/eval/, by linear-eval
 LINEAR = "linear.json"  # in RUN/eval/
 SIDECAR = "encoder.json"  # in RUN/export/
@@ -269,8 +272,8 @@ def training_curves(run: Run) -> str:
     knn = [r for r in records if "knn_top1" in r]
     summary = [["steps logged", f"{len(steps)} (step {steps[0]['step']} to {steps[-1]['step']})"],
                ["loss", f"{steps[0]['loss']:.4f} → {steps[-1]['loss']:.4f}"],
-               ["img/s (median)", f"{np.median([r['img_s'] for r in steps]):,.0f}"],
-               ["data wait (median)", f"{100 * np.median([r['data_wait'] for r in steps]):.1f} %"],
+               ["img/s (median)", f"{statistics.median(r['img_s'] for r in steps):,.0f}"],
+               ["data wait (median)", f"{100 * statistics.median(r['data_wait'] for r in steps):.1f} %"],
                ["kNN monitor", f"{pct(knn[0]['knn_top1'])} % → {pct(knn[-1]['knn_top1'])} % top-1 (step "
                                f"{knn[0]['step']} to {knn[-1]['step']})" if knn else
                 "not logged (pretrain with --knn-every N to follow kNN top-1 during training)"]]
@@ -329,6 +332,8 @@ def ck_step(run: Run) -> int | None:
 
 def cosine_neighbours(bank: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     """Indices of each query's k most cosine-similar bank rows, most similar first (ties by index)."""
+    import numpy as np
+
     b = bank / np.maximum(np.linalg.norm(bank, axis=1, keepdims=True), 1e-12)
     q = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
     return np.argsort(-(q @ b.T), axis=1, kind="stable")[:, :k]
@@ -336,6 +341,8 @@ def cosine_neighbours(bank: np.ndarray, queries: np.ndarray, k: int) -> np.ndarr
 
 def pick_queries(labels: np.ndarray, n: int, seed: int) -> list[int]:
     """n val positions in a seeded order, a different class each until every class has one."""
+    import numpy as np
+
     order = np.random.default_rng(seed).permutation(len(labels))
     picked, seen = [], set()
     for i in order:
@@ -391,6 +398,7 @@ def retrieval(run: Run) -> str:
 
 
 def embedding_map(run: Run) -> str:
+    import numpy as np
     from sklearn.decomposition import PCA
 
     from stages.report_figures import embedding_maps
@@ -504,6 +512,7 @@ def worst_images(run: Run, p: dict) -> str:
 
 def source_picture(path: Path) -> np.ndarray:
     """The source file as a person sees it: upright (EXIF), whole (not cropped), at most SOURCE_SIDE."""
+    import numpy as np
     from PIL import Image, ImageOps
 
     with Image.open(path) as im:

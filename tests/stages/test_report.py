@@ -278,9 +278,10 @@ def test_cli_writes_the_page_and_show_prints_its_path(finished_run, tmp_path):
     assert res.exit_code == 0 and f"report: {run / rundir.REPORT}" in res.output
 
 
-@pytest.mark.parametrize("args, needle", [(("--queries", "0"), "--queries"), (("--run", "/nonexistent/run"), "does not exist")])
-def test_bad_input_is_one_line(args, needle):
-    assert_one_line_error(cli("report", *args), needle)
+@pytest.mark.parametrize("args, needle", [(("--queries", "0"), "--queries"), (("--tsne-max", "-1"), "--tsne-max"),
+                                          (("--run", "/nonexistent/run"), "does not exist")])
+def test_bad_input_is_one_line(tmp_path, args, needle):
+    assert_one_line_error(cli("report", "--run", tmp_path, *args), needle)
 
 
 def test_a_real_browser_renders_it(finished_run, tmp_path):
