@@ -297,7 +297,7 @@ def evaluation(run: Run) -> str:
            f"{esc(r['protocol']['data'])}; {esc(ck['method'])}/{esc(ck['backbone'])} at step {ck['step']}; the random "
            f"init is the network this run started from (same seed). Linear: {esc(r['protocol']['linear']['model'])}, "
            f"C chosen on train rows only.</p>"]
-    last = ck_step(run)
+    last = newest_step(run)
     if last is not None and last != ck["step"]:
         out.append(f"<p class=warn>measured step {ck['step']}, the checkpoint is at step {last}: re-run "
                    f"<code>{esc(run.cmd('linear-eval'))}</code></p>")
@@ -321,7 +321,7 @@ def evaluation(run: Run) -> str:
     return "\n".join(out)
 
 
-def ck_step(run: Run) -> int | None:
+def newest_step(run: Run) -> int | None:
     """The step of the newest training state: the last metrics.jsonl line (cheaper than opening the checkpoint)."""
     try:
         records = run.metrics()

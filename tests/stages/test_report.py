@@ -246,11 +246,15 @@ def test_eval_without_few_labels_names_the_flag(finished_run, tmp_path):
                                    "eval/features_pretrained.pt", "eval/features_random.pt"])
     result = json.loads((finished_run / rundir.EVAL / "linear.json").read_text())
     del result["labels_per_class"]
+    step = result["checkpoint"]["step"]
+    result["checkpoint"]["step"] = step - 1  # as if training had gone on after linear-eval
     rundir.write_json_atomic(run / rundir.EVAL / "linear.json", result)
     report.run(ReportConfig(), run, say=_quiet)
     page = _page(run)
     assert _missing(page, "evaluation") == f"pipeline linear-eval --run {run} --labels-per-class 5"
     assert f"{100 * result['top1']:.1f}" in _text(page, "evaluation")
+    assert (f"measured step {step - 1}, the checkpoint is at step {step}: re-run pipeline linear-eval --run {run}"
+            in _text(page, "evaluation"))
     assert _missing(page, "retrieval") == "" and _missing(page, "embedding") == ""
 
 
