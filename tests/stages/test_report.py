@@ -309,3 +309,19 @@ def test_a_real_browser_renders_it(finished_run, tmp_path):
     keep = os.environ.get("REPORT_SCREENSHOT")
     if keep:  # to look at it: REPORT_SCREENSHOT=/tmp/shot.png pytest ... -k browser
         shutil.copy(shot, keep)
+
+
+def test_a_worst_image_from_a_file_is_shown_beside_the_file(tmp_path):
+    """validate --images adds files: the worst one is shown as the model got it (16 px) and as the file itself."""
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (60, 90, 3), dtype=np.uint8)).save(photo)
+    parity = {"image_size": 16, "rows": [{"artifact": "encoder.onnx", "runtime": "onnxruntime (CPU)",
+                                         "worst_image_source": str(photo), "per_image": {"rel_l2": [1e-3, 4e-3]}}]}
+    html = report.worst_images(report.Run(tmp_path, ReportConfig()), parity)
+    page = Page(f'<section id="parity">{html}</section>')
+    sizes = []
+    for im in page.images:
+        with Image.open(io.BytesIO(base64.b64decode(im["src"].split(",", 1)[1]))) as decoded:
+            sizes.append(decoded.size)
+    assert sizes == [(16, 16), (90, 60)]  # the model's center crop, then the whole file
+    assert "rel L2 4.00e-03" in _text(page, "parity") and str(photo) in _text(page, "parity")
