@@ -6,6 +6,7 @@ Chromium renders it with every image decoded and no console error."""
 from __future__ import annotations
 
 import base64
+import fcntl
 import io
 import json
 import os
@@ -43,12 +44,9 @@ def _link_tree(src: Path, dst: Path, names: list[str]) -> None:
             (dst / name).symlink_to((src / name).resolve())
 
 
-@pytest.fixture(scope="module")
-def finished_run(exported_run, tmp_path_factory) -> Path:  # noqa: F811
-    """The shared exported run plus linear-eval (3 labels per class, 2 draws) and validate: every stage done."""
+def _finish(exported_run: Path, run: Path) -> None:
     from stages import linear_eval, validate
 
-    run = tmp_path_factory.mktemp("report") / "run"
     _link_tree(exported_run, run, [rundir.CONFIG, rundir.SPLIT, rundir.METRICS, rundir.LAST_CHECKPOINT])
     (run / rundir.EXPORT).mkdir()
     for f in (exported_run / rundir.EXPORT).iterdir():
@@ -57,7 +55,22 @@ def finished_run(exported_run, tmp_path_factory) -> Path:  # noqa: F811
                     run, say=_quiet)
     validate.run(load_config(validate.ValidateConfig, None, {"max_images": 16}), run, say=_quiet)  # enough for top-10
     report.run(ReportConfig(), run, say=_quiet)
-    return run
+
+
+@pytest.fixture(scope="session")
+def finished_run(request, exported_run, tmp_path_factory) -> Path:  # noqa: F811
+    """The shared exported run plus linear-eval (3 labels per class, 2 draws), validate and report: every stage
+    done. Built once per session under a file lock, as exported_run is; read-only for tests (they copy or link)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if hasattr(request.config, "workerinput") else base
+    root = shared / "report_finished_run"
+    with open(shared / "report_finished_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "done").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            _finish(exported_run, root / "run")
+            (root / "done").touch()
+    return root / "run"
 
 
 class Page(HTMLParser):
