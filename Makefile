@@ -13,12 +13,13 @@ EVAL_SRC     := stages/linear_eval.py stages/knn.py stages/features.py
 EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/coreml.py export/onnx_format.py \
                 export/metadata.py export/quiet.py stages/configs.py
 VALIDATE_SRC := stages/validate.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
+REPORT_SRC   := stages/report.py stages/report_figures.py
 
 # the toolchain's usual place, for a shell that starts without /opt/swift on PATH
 SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
 
-.PHONY: all install test clean-run swift-fixtures
-all: $(RUN)/validate/parity.json
+.PHONY: all install test clean-run swift-fixtures browser
+all: $(RUN)/report.html
 	@$(BIN)/pipeline show --run $(RUN)
 
 install: $(STAMP)
@@ -33,7 +34,7 @@ $(RUN)/checkpoints/last.pt: $(STAMP) $(CONFIG) $(PRETRAIN_SRC)
 	$(BIN)/pipeline pretrain --config $(CONFIG) --out $(RUN)
 
 $(RUN)/eval/linear.json: $(RUN)/checkpoints/last.pt $(EVAL_SRC)
-	$(BIN)/pipeline linear-eval --run $(RUN)
+	$(BIN)/pipeline linear-eval --run $(RUN) --labels-per-class 5
 
 $(RUN)/export/encoder.pt: $(RUN)/checkpoints/last.pt stages/strip.py export/encoder.py
 	$(BIN)/pipeline strip --run $(RUN)
@@ -48,14 +49,26 @@ $(RUN)/export/encoder.json: $(RUN)/export/trace.json $(RUN)/eval/linear.json $(E
 $(RUN)/validate/parity.json: $(RUN)/export/encoder.json $(VALIDATE_SRC)
 	$(BIN)/pipeline validate --run $(RUN)
 
-# pytest, then the Swift package's tests (EmbeddingKit against the committed fixtures; no torch needed there)
-test: $(STAMP)
+# the page of every file above: made last, so it shows the whole run
+$(RUN)/report.html: $(RUN)/validate/parity.json $(RUN)/eval/linear.json $(REPORT_SRC)
+	$(BIN)/pipeline report --run $(RUN)
+
+# pytest (a real headless Chromium among them), then the Swift package's tests (EmbeddingKit against the
+# committed fixtures; no torch needed there)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -n 2 tests
 	cd swift_demo && $(SWIFT) test
 
 # golden files for swift_demo/ from the run's export/encoder.pt (commit them; a pytest checks they are current)
 swift-fixtures: $(RUN)/export/encoder.json
 	$(BIN)/pipeline swift-fixtures --run $(RUN)
+
+# Debian's headless Chromium and its driver, for the report's browser test; installed only when missing, and only
+# as root (elsewhere the test skips and says why).
+browser:
+	@if command -v chromedriver >/dev/null && { command -v chromium >/dev/null || command -v chromium-browser >/dev/null; }; then :; \
+	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "note: chromium/chromedriver missing and not root: the report's browser test will be skipped"; fi
 
 clean-run:
 	rm -rf $(RUN)

@@ -258,6 +258,31 @@ def show(run):
             shown = True
     if not shown:
         raise PipelineError(f"{run_dir} has no eval/linear.json or validate/{validate.PARITY} yet: run `make all`")
+    report = run_dir / rundir.REPORT
+    click.echo(f"\nreport: {report}" if report.is_file() else f"\nreport: not written yet: `pipeline report --run {run_dir}`")
+
+
+def _report_command():
+    from pipeline.config import options_from
+    from stages.report import ReportConfig
+
+    @main.command("report")
+    @options_from(ReportConfig)
+    @click.option("--config", "config_file", type=click.Path(), help="YAML file with any of the options below.")
+    @click.option("--run", "run", type=click.Path(), default=None, help="run directory [default: runs/default]")
+    @one_line_errors
+    def report(config_file, run, **overrides):
+        """One self-contained HTML page of the run (RUN/report.html): run card, training curves, evaluation vs random
+        init, retrieval grid, embedding map, parity, model card; opens offline, no JavaScript."""
+        from pipeline.config import load_config
+        from pipeline.rundir import resolve_run
+        from stages import report as stage
+
+        run_dir = resolve_run(run, say=click.echo)
+        stage.run(load_config(ReportConfig, config_file, overrides), run_dir, say=click.echo)
+
+
+_report_command()
 
 
 @main.command("swift-fixtures")

@@ -26,6 +26,7 @@ LAST_CHECKPOINT = "checkpoints/last.pt"
 EVAL = "eval"
 EXPORT = "export"
 VALIDATE = "validate"
+REPORT = "report.html"  # written by `pipeline report`; `pipeline show` points at it
 
 
 @contextmanager
@@ -89,15 +90,16 @@ def load_json(path: Path | str, what: str) -> Any:
         raise PipelineError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
-def load_checkpoint(path: Path | str, map_location: str = "cpu") -> dict:
-    """Load a checkpoint written by pretrain; a missing, truncated or foreign file is a one-line error."""
+def load_checkpoint(path: Path | str, map_location: str = "cpu", mmap: bool = False) -> dict:
+    """Load a checkpoint written by pretrain; a missing, truncated or foreign file is a one-line error.
+    mmap=True maps the tensors instead of reading them: for a reader that wants only the step or the meta."""
     import torch
 
     path = Path(path)
     if not path.is_file():
         raise PipelineError(f"no checkpoint at {path}: run `pipeline pretrain` for this run first")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=False)
+        ckpt = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
     except Exception as e:  # torch raises several types for truncated zips / pickles
         raise PipelineError(f"checkpoint {path} is unreadable or truncated ({type(e).__name__}): re-run pretraining") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:

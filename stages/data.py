@@ -40,6 +40,14 @@ class ImageData:
         return self.images.shape[0]
 
 
+def store_size_for(spec: str, image_size: int, store_size: int = 0) -> int:
+    """The side images are kept at: `store_size` when set; folders 8/7 x the image size (room for the evaluation's
+    center crop, as ImageNet's 256 -> 224); array sets at the image size. Every reader of a run's images uses this."""
+    if store_size:
+        return store_size
+    return round(image_size * 8 / 7) if spec.startswith("folder:") else image_size
+
+
 def parse_spec(spec: str) -> tuple[str, str]:
     kind, _, arg = spec.partition(":")
     if kind not in SPEC_KINDS:

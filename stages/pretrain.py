@@ -31,6 +31,7 @@ from stages import augment, distributed, preprocess
 from stages.configs import PretrainConfig
 from stages.backbones import build_backbone, min_image_size, uses_small_stem
 from stages.data import load_data, make_split
+from stages.data import store_size_for as data_store_size
 from stages.methods import METHODS
 from stages.methods import byol, mocov3, simclr
 from stages.optim import build_optimizer, warmup_cosine
@@ -67,9 +68,7 @@ def validate(cfg: PretrainConfig) -> None:
 
 
 def store_size_for(cfg: PretrainConfig) -> int:
-    if cfg.store_size:
-        return cfg.store_size
-    return round(cfg.image_size * 8 / 7) if cfg.data.startswith("folder:") else cfg.image_size
+    return data_store_size(cfg.data, cfg.image_size, cfg.store_size)
 
 
 def peak_lr(cfg: PretrainConfig) -> float:
@@ -307,7 +306,11 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
             "small_stem": uses_small_stem(cfg.small_stem, cfg.image_size), "mean": list(augment.MEAN),
             "std": list(augment.STD), "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
             "peak_lr": lr, "pipeline_version": __version__, "world_size": world,
-            "per_process_batch": cfg.batch_size // world, "global_batch": cfg.batch_size, "lr_scaling": cfg.lr_scaling}
+            "per_process_batch": cfg.batch_size // world, "global_batch": cfg.batch_size, "lr_scaling": cfg.lr_scaling,
+            "device": str(device)}  # config.yaml keeps what was asked (often `auto`); the report shows what ran
+    # Training wall time summed over every resume, so the report can say what the whole run cost.
+    wall_before = ckpt.get("meta", {}).get("wall_s", 0.0) if resume else 0.0
+    t_start = time.perf_counter()
 
     def save(path: Path, epoch_done: int) -> None:
         if not main:
@@ -315,7 +318,7 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
         rundir.torch_save_atomic({
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(), "step": step, "epochs_done": epoch_done, "rng": _rng_state(),
-            "config": to_dict(cfg), "meta": meta,
+            "config": to_dict(cfg), "meta": {**meta, "wall_s": wall_before + time.perf_counter() - t_start},
         }, path)
 
     # --- train

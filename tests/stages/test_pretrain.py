@@ -218,3 +218,20 @@ def test_training_step_never_waits_for_the_device(tiny_overrides, method):
         pretrain.train_step(t, *x, 2)
     assert "aten.convolution" in ops.seen or "aten.convolution_backward" in ops.seen  # the mode saw the step
     assert not sorted(ops.seen & set(SYNCING_OPS)), f"{method}: {sorted(ops.seen & set(SYNCING_OPS))}"
+
+
+def test_checkpoint_records_the_device_and_wall_time_summed_over_resumes(tmp_path, tiny_overrides):
+    """The report's run card reads both from the checkpoint: config.yaml only holds the device asked for."""
+    import time
+
+    part = _run(tmp_path, {**tiny_overrides, "max_steps": 2}, name="part")
+    path = part / rundir.LAST_CHECKPOINT
+    first = torch.load(path, weights_only=False)
+    assert first["meta"]["device"] == "cpu" and first["meta"]["wall_s"] > 0
+    first["meta"]["wall_s"] = 1000.0  # as if the first part had trained for 1000 s
+    torch.save(first, path)
+    t0 = time.perf_counter()
+    _run(tmp_path, {"max_steps": 4}, resume=True, name="part")
+    resumed = torch.load(path, weights_only=False)
+    assert resumed["step"] == 4 and resumed["meta"]["device"] == "cpu"
+    assert 1000.0 < resumed["meta"]["wall_s"] < 1000.0 + time.perf_counter() - t0
