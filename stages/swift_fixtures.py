@@ -120,7 +120,7 @@ def pipeline_crop(raw: bytes, width: int, height: int, layout: str, orientation:
         _png(from_layout(raw, width, height, layout), orientation, path)
         with Image.open(path) as im:
             if im.getexif().get(ORIENTATION_TAG) != orientation:
-                raise PipelineError(f"this Pillow does not keep the EXIF orientation in a PNG; cannot make fixtures")
+                raise PipelineError("this Pillow does not keep the EXIF orientation in a PNG; cannot make fixtures")
         return decode_image(path, size)
 
 
