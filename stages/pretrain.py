@@ -27,19 +27,17 @@ from pipeline import __version__, rundir
 from pipeline.config import load_config, opt, to_dict
 from pipeline.device import precision_for, select_device
 from pipeline.errors import PipelineError
-from stages import augment, distributed, preprocess
+from stages import augment, distributed, preprocess, recipes
 from stages.backbones import BACKBONES, build_backbone, min_image_size, uses_small_stem
-from stages.data import load_data, make_split
+from stages.data import count_train_images, load_data, make_split
 from stages.methods import METHODS
-from stages.methods import byol, mocov3, simclr
 from stages.optim import build_optimizer, warmup_cosine
-
-METHOD_DEFAULTS = {"simclr": simclr.DEFAULTS, "byol": byol.DEFAULTS, "mocov3": mocov3.DEFAULTS}
 
 
 @dataclass
 class PretrainConfig:
     method: str = opt("simclr", "SSL method", choices=tuple(METHODS))
+    recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD, wd 5e-4, small heads; stages/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100k train images, >= 30k steps, >= 65 px), else small. A flag or --config value always wins", choices=recipes.CHOICES)
     data: str = opt("digits", "data SPEC: digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
     backbone: str = opt("resnet18", "torchvision ResNet, random init", choices=tuple(BACKBONES))
     small_stem: str = opt("auto", "3x3 stem without max-pool; auto = on for images <= 64 px", choices=("auto", "on", "off"))
@@ -77,10 +75,19 @@ class PretrainConfig:
     knn_every: int = opt(0, "kNN top-1 of val against train into metrics.jsonl every N epochs (0 = off: costs a pass over the data)")
 
 
+def chosen_recipe(cfg: PretrainConfig) -> tuple[str, str]:
+    """(recipe, why) for this run's scale: train images (counted from the SPEC without decoding), steps, image size."""
+    n_train = count_train_images(cfg.data, cfg.val_fraction)
+    steps = n_train // cfg.batch_size * cfg.epochs
+    return recipes.choose(cfg.recipe, n_train, steps, cfg.image_size)
+
+
 def resolve(cfg: PretrainConfig) -> PretrainConfig:
-    """Fill every None with the method's paper default so config.yaml records what actually ran."""
+    """Fill every None with the chosen recipe's value for the method (stages/recipes.py), so config.yaml records
+    what actually ran; `recipe` itself stays as asked (run() records the one chosen)."""
+    name, _ = chosen_recipe(cfg)
     defaults = {"temperature": 0.5, "proj_dim": 128, "proj_hidden_dim": 2048, "pred_hidden_dim": 4096,
-                "momentum_base": 0.99, "queue_size": 0, **METHOD_DEFAULTS[cfg.method]}
+                "momentum_base": 0.99, "queue_size": 0, **recipes.values(name, cfg.method)}
     filled = {k: (defaults[k] if getattr(cfg, k) is None and k in defaults else getattr(cfg, k)) for k in to_dict(cfg)}
     return PretrainConfig(**filled)
 
@@ -283,6 +290,9 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     main = rank == 0
     if not main:
         say = lambda *a, **k: None  # noqa: E731  rank 0 alone talks and writes
+    recipe, recipe_why = chosen_recipe(cfg)
+    cfg = dataclasses.replace(cfg, recipe=recipe)  # config.yaml and the checkpoint record the recipe that ran
+    say(f"recipe {recipe} ({recipe_why}): {recipes.RECIPES[recipe][cfg.method].source}")
     if cfg.batch_size % world:
         raise PipelineError(f"batch size {cfg.batch_size} does not split over {world} processes: use a multiple of {world}")
     seed_everything(cfg.seed)
@@ -334,7 +344,8 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     # The header states what the numbers below meant for this run (YAML ignores it when the file is read back).
     lr_rule = {"linear": f"x {cfg.batch_size}/256", "sqrt": f"x sqrt({cfg.batch_size}/256)", "none": "(unscaled)"}[cfg.lr_scaling]
     header = (f"# {world} process(es) x {cfg.batch_size // world} images per process = global batch {cfg.batch_size}; "
-              f"peak lr {lr:.6g} = lr {cfg.lr} {lr_rule} ({cfg.lr_scaling} scaling)\n")
+              f"peak lr {lr:.6g} = lr {cfg.lr} {lr_rule} ({cfg.lr_scaling} scaling)\n"
+              f"# recipe {recipe}: {recipe_why}\n")
     if main:
         rundir.write_text_atomic(run_dir / rundir.CONFIG, header + yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
@@ -355,7 +366,7 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
 
     # --- train
     stop_at = min(total_steps, cfg.max_steps) if cfg.max_steps > 0 else total_steps
-    recipes = augment.recipes_for(cfg.method, cfg.image_size)
+    views = recipes.views_for(recipe, cfg.method, cfg.image_size)
     workers = default_workers(cfg.num_workers)
     say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(train_images)} train images, "
         f"{steps_per_epoch} steps/epoch, {total_steps} steps, device {device} x {world}, augment {mode}, "
@@ -392,11 +403,11 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     try:
         while step < stop_at:
             epoch, start_batch = divmod(step, steps_per_epoch)
-            views = augment.view_batches(mode, train_images, recipes, cfg.image_size, cfg.batch_size, cfg.seed,
+            batches = augment.view_batches(mode, train_images, views, cfg.image_size, cfg.batch_size, cfg.seed,
                                          epoch, start_batch, device, workers, (rank, world), training.channels_last,
                                          pre)
             t_wait = time.perf_counter()
-            for x1, x2 in views:
+            for x1, x2 in batches:
                 waited += time.perf_counter() - t_wait
                 loss = train_step(training, x1, x2, step)
                 if pending is not None:
