@@ -165,7 +165,7 @@ def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) ->
             raise PipelineError(f"--resume: no checkpoint at {run_dir / rundir.LAST_CHECKPOINT}")
         cfg = load_config(PretrainConfig, config_file or saved, overrides)
         old = load_config(PretrainConfig, saved)
-        for key in ("method", "backbone", "image_size", "small_stem", "data", "batch_size", "seed", "proj_dim",
+        for key in ("method", "recipe", "backbone", "image_size", "small_stem", "data", "batch_size", "seed", "proj_dim",
                     "proj_hidden_dim", "pred_hidden_dim", "queue_size", "val_fraction"):
             if getattr(cfg, key) is not None and getattr(old, key) is not None and getattr(cfg, key) != getattr(old, key):
                 raise PipelineError(f"--resume: `{key}` is {getattr(old, key)!r} in {saved}, cannot change it to {getattr(cfg, key)!r}")

@@ -8,6 +8,7 @@ import yaml
 from PIL import Image
 
 from pipeline import rundir
+from pipeline.errors import PipelineError
 from stages import augment, pretrain, recipes
 from stages.data import count_train_images, load_data, make_split
 from stages.methods import byol, mocov3, simclr
@@ -77,6 +78,9 @@ def test_a_run_states_and_records_the_recipe_it_chose(tmp_path, tiny_overrides):
     # The recorded config, used again, gives the same run settings.
     again = config_for_run(out / rundir.CONFIG, {}, tmp_path / "again", False)
     assert dataclasses.asdict(again) == {**dataclasses.asdict(cfg), "recipe": "small"}
+    # A resumed run keeps its recipe (the views depend on it): asking for another is refused.
+    with pytest.raises(PipelineError, match="`recipe` is 'small'"):
+        config_for_run(None, {"recipe": "paper"}, out, True)
 
 
 def test_train_count_matches_the_split(tmp_path):
