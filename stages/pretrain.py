@@ -37,7 +37,7 @@ from stages.optim import build_optimizer, warmup_cosine
 @dataclass
 class PretrainConfig:
     method: str = opt("simclr", "SSL method", choices=tuple(METHODS))
-    recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD, wd 5e-4, small heads; stages/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100k train images, >= 30k steps, >= 65 px), else small. A flag or --config value always wins", choices=recipes.CHOICES)
+    recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD; stages/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100k train images, >= 30k steps, >= 65 px), else small. A flag or --config value always wins", choices=recipes.CHOICES)
     data: str = opt("digits", "data SPEC: digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
     backbone: str = opt("resnet18", "torchvision ResNet, random init", choices=tuple(BACKBONES))
     small_stem: str = opt("auto", "3x3 stem without max-pool; auto = on for images <= 64 px", choices=("auto", "on", "off"))
