@@ -7,7 +7,7 @@ RUN    ?= runs/default
 CONFIG ?= configs/default.yaml
 STAMP  := $(VENV)/.installed
 
-PRETRAIN_SRC := stages/pretrain.py stages/augment.py stages/device_augment.py stages/data.py stages/backbones.py \
+PRETRAIN_SRC := stages/pretrain.py stages/recipes.py stages/augment.py stages/device_augment.py stages/data.py stages/backbones.py \
                 stages/optim.py stages/distributed.py $(wildcard stages/methods/*.py)
 EVAL_SRC     := stages/linear_eval.py stages/knn.py stages/features.py
 EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/coreml.py export/onnx_format.py \

@@ -74,10 +74,10 @@ def regressions() -> dict[str, dict[str, float]]:
     for method, pinned in PINNED.items():
         row = {}
         if method != "byol":  # BYOL's loss has no temperature
-            from stages.pretrain import METHOD_DEFAULTS
+            from stages import recipes
 
-            row["temperature x 1.01"] = rel(tiny_losses(method, temperature=METHOD_DEFAULTS[method]["temperature"]
-                                                        * 1.01), pinned)
+            row["temperature x 1.01"] = rel(tiny_losses(method, temperature=recipes.values("paper", method)
+                                                        ["temperature"] * 1.01), pinned)
         original = augment.RECIPES[method]
         augment.RECIPES[method] = tuple(dataclasses.replace(v, brightness=v.brightness * 1.01) for v in original)
         try:

@@ -16,6 +16,7 @@ METHOD_NAMES = ("simclr", "byol", "mocov3")  # = tuple(stages.methods.METHODS)
 BACKBONE_NAMES = ("resnet18", "resnet34", "resnet50")  # = tuple(stages.backbones.BACKBONES)
 AUGMENT_MODES = ("auto", "cpu", "device")  # where views are made (stages.augment.augment_mode)
 PREPROCESS_CHOICES = ("auto", "torch", "coreml")  # per-image preprocessing backend (stages.preprocess)
+RECIPE_CHOICES = ("auto", "small", "paper")  # hyper-parameter sets by scale (stages.recipes)
 
 WEIGHTED_K = 200  # the protocol's k (Wu et al. 2018), used by every SSL paper that reports kNN accuracy
 TEMPERATURE = 0.1  # the protocol's T: exp(sim / 0.1) makes the nearest neighbours count far more than the 200th
@@ -25,6 +26,7 @@ MAJORITY_K = 20  # the plain vote most papers list beside the weighted one
 @dataclass
 class PretrainConfig:
     method: str = opt("simclr", "SSL method", choices=METHOD_NAMES)
+    recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD; stages/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100k train images, >= 30k steps, >= 65 px), else small. A flag or --config value always wins", choices=RECIPE_CHOICES)
     data: str = opt("digits", "data SPEC: digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
     backbone: str = opt("resnet18", "torchvision ResNet, random init", choices=BACKBONE_NAMES)
     small_stem: str = opt("auto", "3x3 stem without max-pool; auto = on for images <= 64 px", choices=("auto", "on", "off"))

@@ -82,6 +82,32 @@ def load_data(spec: str, store_size: int, seed: int = 0) -> ImageData:
     return data
 
 
+def count_train_images(spec: str, val_fraction: float) -> int:
+    """How many images the train split of `spec` will hold, without decoding any: what the recipe choice reads
+    (stages/recipes.py). Counts files, so an undecodable one still counts; 0 when the SPEC cannot be read yet
+    (load_data then says why)."""
+    kind, arg = parse_spec(spec)
+    if kind in ("cifar10", "cifar100"):
+        return 50_000  # both keep their own 10,000-image test batch as val
+    if kind == "synthetic":
+        n = int(arg) if arg.isdigit() else 0
+        counts = np.bincount(np.arange(n) % 4) if n else np.zeros(0, dtype=np.int64)
+    elif kind == "digits":
+        from sklearn.datasets import load_digits
+
+        counts = np.bincount(load_digits().target)
+    else:
+        root = Path(arg)
+        if not root.is_dir():
+            return 0
+        dirs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        groups = [[f for f in d.rglob("*") if f.is_file() and not f.name.startswith(".")] for d in dirs] or [_list_files(root)]
+        counts = np.array([len(g) for g in groups], dtype=np.int64)
+    if not 0.0 <= val_fraction < 1.0:
+        return int(counts.sum())  # make_split reports the bad fraction
+    return int(sum(c - int(round(c * val_fraction)) for c in counts))  # make_split's per-class rounding
+
+
 def _resize_square(arr: np.ndarray, size: int) -> torch.Tensor:
     """N x H x W x 3 uint8 -> N x 3 x size x size uint8, antialiased, only when the size differs."""
     t = torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2)

@@ -10,6 +10,7 @@ its share of every step's images (stages/distributed.py), gradients are averaged
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import random
@@ -27,22 +28,28 @@ from pipeline import __version__, rundir
 from pipeline.config import load_config, to_dict
 from pipeline.device import precision_for, select_device
 from pipeline.errors import PipelineError
-from stages import augment, distributed, preprocess
-from stages.configs import PretrainConfig
+from stages import augment, distributed, preprocess, recipes
 from stages.backbones import build_backbone, min_image_size, uses_small_stem
-from stages.data import load_data, make_split
+from stages.configs import PretrainConfig
+from stages.data import count_train_images, load_data, make_split
 from stages.data import store_size_for as data_store_size
 from stages.methods import METHODS
-from stages.methods import byol, mocov3, simclr
 from stages.optim import build_optimizer, warmup_cosine
 
-METHOD_DEFAULTS = {"simclr": simclr.DEFAULTS, "byol": byol.DEFAULTS, "mocov3": mocov3.DEFAULTS}
+
+def chosen_recipe(cfg: PretrainConfig) -> tuple[str, str]:
+    """(recipe, why) for this run's scale: train images (counted from the SPEC without decoding), steps, image size."""
+    n_train = count_train_images(cfg.data, cfg.val_fraction)
+    steps = n_train // cfg.batch_size * cfg.epochs
+    return recipes.choose(cfg.recipe, n_train, steps, cfg.image_size)
 
 
 def resolve(cfg: PretrainConfig) -> PretrainConfig:
-    """Fill every None with the method's paper default so config.yaml records what actually ran."""
+    """Fill every None with the chosen recipe's value for the method (stages/recipes.py), so config.yaml records
+    what actually ran; `recipe` itself stays as asked (run() records the one chosen)."""
+    name, _ = chosen_recipe(cfg)
     defaults = {"temperature": 0.5, "proj_dim": 128, "proj_hidden_dim": 2048, "pred_hidden_dim": 4096,
-                "momentum_base": 0.99, "queue_size": 0, **METHOD_DEFAULTS[cfg.method]}
+                "momentum_base": 0.99, "queue_size": 0, **recipes.values(name, cfg.method)}
     filled = {k: (defaults[k] if getattr(cfg, k) is None and k in defaults else getattr(cfg, k)) for k in to_dict(cfg)}
     return PretrainConfig(**filled)
 
@@ -118,7 +125,7 @@ def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) ->
             raise PipelineError(f"--resume: no checkpoint at {run_dir / rundir.LAST_CHECKPOINT}")
         cfg = load_config(PretrainConfig, config_file or saved, overrides)
         old = load_config(PretrainConfig, saved)
-        for key in ("method", "backbone", "image_size", "small_stem", "data", "batch_size", "seed", "proj_dim",
+        for key in ("method", "recipe", "backbone", "image_size", "small_stem", "data", "batch_size", "seed", "proj_dim",
                     "proj_hidden_dim", "pred_hidden_dim", "queue_size", "val_fraction"):
             if getattr(cfg, key) is not None and getattr(old, key) is not None and getattr(cfg, key) != getattr(old, key):
                 raise PipelineError(f"--resume: `{key}` is {getattr(old, key)!r} in {saved}, cannot change it to {getattr(cfg, key)!r}")
@@ -247,6 +254,9 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     main = rank == 0
     if not main:
         say = lambda *a, **k: None  # noqa: E731  rank 0 alone talks and writes
+    recipe, recipe_why = chosen_recipe(cfg)
+    cfg = dataclasses.replace(cfg, recipe=recipe)  # config.yaml and the checkpoint record the recipe that ran
+    say(f"recipe {recipe} ({recipe_why}): {recipes.RECIPES[recipe][cfg.method].source}")
     if cfg.batch_size % world:
         raise PipelineError(f"batch size {cfg.batch_size} does not split over {world} processes: use a multiple of {world}")
     seed_everything(cfg.seed)
@@ -298,7 +308,8 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     # The header states what the numbers below meant for this run (YAML ignores it when the file is read back).
     lr_rule = {"linear": f"x {cfg.batch_size}/256", "sqrt": f"x sqrt({cfg.batch_size}/256)", "none": "(unscaled)"}[cfg.lr_scaling]
     header = (f"# {world} process(es) x {cfg.batch_size // world} images per process = global batch {cfg.batch_size}; "
-              f"peak lr {lr:.6g} = lr {cfg.lr} {lr_rule} ({cfg.lr_scaling} scaling)\n")
+              f"peak lr {lr:.6g} = lr {cfg.lr} {lr_rule} ({cfg.lr_scaling} scaling)\n"
+              f"# recipe {recipe}: {recipe_why}\n")
     if main:
         rundir.write_text_atomic(run_dir / rundir.CONFIG, header + yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
@@ -323,7 +334,7 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
 
     # --- train
     stop_at = min(total_steps, cfg.max_steps) if cfg.max_steps > 0 else total_steps
-    recipes = augment.recipes_for(cfg.method, cfg.image_size)
+    views = recipes.views_for(recipe, cfg.method, cfg.image_size)
     workers = default_workers(cfg.num_workers)
     say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(train_images)} train images, "
         f"{steps_per_epoch} steps/epoch, {total_steps} steps, device {device} x {world}, augment {mode}, "
@@ -360,11 +371,11 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     try:
         while step < stop_at:
             epoch, start_batch = divmod(step, steps_per_epoch)
-            views = augment.view_batches(mode, train_images, recipes, cfg.image_size, cfg.batch_size, cfg.seed,
+            batches = augment.view_batches(mode, train_images, views, cfg.image_size, cfg.batch_size, cfg.seed,
                                          epoch, start_batch, device, workers, (rank, world), training.channels_last,
                                          pre)
             t_wait = time.perf_counter()
-            for x1, x2 in views:
+            for x1, x2 in batches:
                 waited += time.perf_counter() - t_wait
                 loss = train_step(training, x1, x2, step)
                 if pending is not None:

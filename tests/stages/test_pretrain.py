@@ -20,7 +20,9 @@ PINNED = {  # re-pinned when the draws moved from torch's generator to numpy's (
     "byol": [3.543475389480591, 3.6104748249053955, 3.7571897506713867],
     "mocov3": [8.274291038513184, 13.46149730682373, 12.445181846618652],  # rises as the queue fills with negatives
 }
-PIN_EXTRA = {"simclr": {}, "byol": {}, "mocov3": {"queue_size": 16}}
+# The pins are of the papers' recipe (`--recipe paper`), whose values stay put; test_small_recipe_pins pins the
+# small-data recipe that `auto` gives such a tiny run.
+PIN_EXTRA = {"simclr": {"recipe": "paper"}, "byol": {"recipe": "paper"}, "mocov3": {"recipe": "paper", "queue_size": 16}}
 # The same run differs between CPUs, and not because of threads: (1) oneDNN picks its convolution kernels by
 # instruction set (AVX-512, AVX2 and SSE4.1 sum in different orders; on an AVX-512 CPU MoCo v3's third loss moves by
 # 1.9e-4 — the pins were taken on an AVX2 path); (2) without ATen's AVX2 kernels (ATEN_CPU_CAPABILITY=default, the
@@ -50,6 +52,22 @@ def test_pinned_losses(tmp_path, tiny_overrides, method):
     assert losses == pytest.approx(PINNED[method], rel=PIN_RTOL[method]), losses
 
 
+# The same tiny run with no --recipe: `auto` gives it the small-data recipe (stages/recipes.py).
+PINNED_SMALL = {
+    "simclr": [2.6042428016662598, 2.7614681720733643, 2.8230881690979004],
+    "byol": [3.5434763431549072, 3.570770740509033, 3.764023780822754],
+    "mocov3": [2.019806146621704, 3.0463602542877197, 3.082136869430542],
+}
+
+
+@pytest.mark.parametrize("method", ["simclr", "byol", "mocov3"])
+def test_small_recipe_pins(tmp_path, tiny_overrides, method):
+    extra = {"queue_size": 16} if method == "mocov3" else {}
+    out = _run(tmp_path, {**tiny_overrides, "method": method, "max_steps": 3, **extra})
+    assert load_config(PretrainConfig, out / rundir.CONFIG).recipe == "small"
+    assert _losses(out) == pytest.approx(PINNED_SMALL[method], rel=PIN_RTOL[method]), _losses(out)
+
+
 @pytest.mark.parametrize("method,change", [("simclr", "temperature"), ("mocov3", "temperature"),
                                            ("byol", "brightness"), ("mocov3", "brightness")])
 def test_pins_catch_a_one_percent_regression(tmp_path, tiny_overrides, monkeypatch, method, change):
@@ -57,11 +75,11 @@ def test_pins_catch_a_one_percent_regression(tmp_path, tiny_overrides, monkeypat
     augmentation parameter must fail the pin."""
     import dataclasses
 
-    from stages import augment
+    from stages import augment, recipes
 
     over = {**tiny_overrides, "method": method, "max_steps": 3, **PIN_EXTRA[method]}
     if change == "temperature":
-        over["temperature"] = pretrain.METHOD_DEFAULTS[method]["temperature"] * 1.01
+        over["temperature"] = recipes.values("paper", method)["temperature"] * 1.01
     else:
         monkeypatch.setitem(augment.RECIPES, method, tuple(dataclasses.replace(v, brightness=v.brightness * 1.01)
                                                           for v in augment.RECIPES[method]))
@@ -86,7 +104,7 @@ def test_resume_is_exact(tmp_path, tiny_overrides, method):
 
 
 def test_run_directory_layout(tmp_path, tiny_overrides):
-    out = _run(tmp_path, {**tiny_overrides, "max_steps": 2, "save_every": 1, "epochs": 1})
+    out = _run(tmp_path, {**tiny_overrides, "max_steps": 2, "save_every": 1, "epochs": 1, "recipe": "paper"})
     assert (out / rundir.CONFIG).is_file() and (out / rundir.SPLIT).is_file() and (out / rundir.METRICS).is_file()
     cfg = load_config(PretrainConfig, out / rundir.CONFIG)
     assert cfg.temperature == 0.5 and cfg.optimizer == "lars"  # None defaults resolved and recorded
@@ -110,7 +128,7 @@ def test_last_checkpoint_written_by_time_and_at_the_end(tmp_path, tiny_overrides
 
 
 def test_lars_eta_reaches_the_optimizer(tmp_path, tiny_overrides):
-    out = _run(tmp_path, {**tiny_overrides, "max_steps": 1, "lars_eta": 0.02})
+    out = _run(tmp_path, {**tiny_overrides, "max_steps": 1, "lars_eta": 0.02, "optimizer": "lars"})
     assert torch.load(out / rundir.LAST_CHECKPOINT, weights_only=False)["optimizer"]["param_groups"][0]["eta"] == 0.02
     assert load_config(PretrainConfig, out / rundir.CONFIG).lars_eta == 0.02
 
@@ -164,9 +182,9 @@ def test_bad_options(tmp_path, tiny_overrides, over, msg):
 
 
 def test_resolve_fills_method_defaults():
-    cfg = resolve(PretrainConfig(method="byol"))
+    cfg = resolve(PretrainConfig(method="byol", recipe="paper"))
     assert (cfg.proj_dim, cfg.momentum_base, cfg.lr) == (256, 0.99, 0.2)
-    cfg = resolve(PretrainConfig(method="mocov3", temperature=0.2))
+    cfg = resolve(PretrainConfig(method="mocov3", recipe="paper", temperature=0.2))
     assert cfg.temperature == 0.2 and cfg.queue_size == 0
 
 

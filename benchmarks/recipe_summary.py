@@ -1,0 +1,70 @@
+"""Summary of benchmarks/recipes_gpu.sh: kNN top-1 per dataset x method (x variant) over seeds, beside the random
+init of the same seeds, with the pretraining wall times.
+
+    python benchmarks/recipe_summary.py OUT_DIR
+
+Reads OUT_DIR/results.jsonl (one line per kNN, written by benchmarks/recipe_knn.py) and OUT_DIR/wall.txt. Per cell:
+mean ± sample standard deviation over seeds, [min, max], the gain over random init as the mean ± std of the
+per-seed paired differences, and the mean pretraining wall time (shared-GPU time when several ran at once).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def spread(xs: list[float]) -> str:
+    """mean ± sample std (n >= 2) and [min, max]."""
+    if not xs:
+        return "-"
+    sd = f" ± {statistics.stdev(xs):.1f}" if len(xs) > 1 else ""
+    return f"{statistics.mean(xs):.1f}{sd} [{min(xs):.1f}, {max(xs):.1f}]"
+
+
+def summarize(out: Path) -> str:
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    failed = [r for r in rows if "failed" in r]
+    ok = [r for r in rows if "failed" not in r]
+    random_init = {(r["dataset"], r["seed"]): r["knn_top1"] for r in ok if r["method"] == "random-init"}
+    cells: dict[tuple, list[dict]] = defaultdict(list)
+    for r in ok:
+        if r["method"] != "random-init":
+            cells[(r["dataset"], r["method"], r.get("variant", "auto"))].append(r)
+    lines = []
+    wall = out / "wall.txt"
+    if wall.is_file():
+        lines.append(wall.read_text().strip())
+    lines.append("kNN top-1 % (k=200, T=0.1, cosine) of eval images against train images; mean ± std [min, max] over "
+                 "seeds; gain = mean ± std of per-seed (pretrained - random init of that seed)")
+    lines.append("| dataset | method | variant (recipe) | seeds | kNN top-1 | random init | gain | pretrain wall s |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for ds in sorted({k[0] for k in cells} | {k[0] for k in random_init}):
+        for key in sorted(k for k in cells if k[0] == ds):
+            rs = sorted(cells[key], key=lambda r: int(r["seed"]))
+            accs = [r["knn_top1"] for r in rs]
+            base = [random_init[(ds, r["seed"])] for r in rs if (ds, r["seed"]) in random_init]
+            gains = [r["knn_top1"] - random_init[(ds, r["seed"])] for r in rs if (ds, r["seed"]) in random_init]
+            gain = (f"{statistics.mean(gains):+.1f}" + (f" ± {statistics.stdev(gains):.1f}" if len(gains) > 1 else "")
+                    if gains else "-")
+            secs = [int(r["pretrain_ms"]) / 1000 for r in rs if "pretrain_ms" in r]
+            recipes = ",".join(sorted({r.get("recipe", "?") for r in rs}))
+            wall_s = f"{statistics.mean(secs):.0f}" if secs else "-"
+            lines.append(f"| {ds} | {key[1]} | {key[2]} ({recipes}) | {len(rs)} | {spread(accs)} | {spread(base)} | "
+                         f"{gain} | {wall_s} |")
+        if not any(k[0] == ds for k in cells):
+            base = [v for (d, _), v in random_init.items() if d == ds]
+            lines.append(f"| {ds} | (random init only) | - | {len(base)} | - | {spread(base)} | - | - |")
+    for r in failed:
+        lines.append(f"FAILED {r['dataset']} {r['method']} seed {r['seed']} {r.get('variant', '')}: {r['failed']} "
+                     f"(log {r['log']})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python benchmarks/recipe_summary.py OUT_DIR")
+    print(summarize(Path(sys.argv[1])))

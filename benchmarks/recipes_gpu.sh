@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Issue 16's recipe grid on one GPU. For every dataset x method x seed: pretrain exactly as a user types it,
+#   pipeline pretrain --method M --data folder:TRAIN --image-size 32 --epochs 100 --batch-size 512 --device cuda \
+#       --seed S --out RUN
+# then `pipeline strip --run RUN`, then the kNN (k = 200, T = 0.1, cosine) of RUN/export/encoder.pt's features,
+# eval images against train images (benchmarks/recipe_knn.py); the random init of every seed as the baseline; then
+# benchmarks/recipe_summary.py prints mean ± spread per method and dataset with the wall times.
+#
+#   bash benchmarks/recipes_gpu.sh OUT_DIR
+#
+# Everything is written under OUT_DIR: data/ (benchmarks/recipe_datasets.py's sets, unless DATA names a built
+# copy), runs/<dataset>/<method>-s<seed>[-<variant>]/ (full run directories), logs/, results.jsonl (one line per
+# kNN), wall.txt, summary.txt. Sized for about 12 minutes on one H200 with the defaults: 4 sets (~4,400 train
+# images each, 8 steps an epoch; digits 2), 3 methods, 3 seeds, JOBS trainings at once on the one GPU (a 32 px
+# ResNet-18 step is too small to fill an H200 alone, and the runs' start-up, strip and kNN overlap others' steps).
+#
+# Environment knobs: METHODS ("simclr byol mocov3"), SEEDS ("0 1 2"), DATASETS ("digits digits-sizes textures
+# photos"), EPOCHS (100), BATCH (512), IMAGE_SIZE (32), DEVICE (cuda), JOBS (4), DATA (OUT_DIR/data),
+# PYTHON (python3), VARIANTS: "label:extra pretrain flags;label2:flags" runs every cell once per variant, e.g.
+# VARIANTS="auto:;paper:--recipe paper" (default: one variant "auto" with no extra flag: what a user gets).
+# A smoke test on a CPU: EPOCHS=1 SEEDS=0 DEVICE=cpu JOBS=2 bash benchmarks/recipes_gpu.sh /tmp/recipes-smoke
+set -euo pipefail
+OUT=${1:?usage: bash benchmarks/recipes_gpu.sh OUT_DIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+METHODS=${METHODS:-simclr byol mocov3}
+SEEDS=${SEEDS:-0 1 2}
+DATASETS=${DATASETS:-digits digits-sizes textures photos}
+EPOCHS=${EPOCHS:-100}
+BATCH=${BATCH:-512}
+IMAGE_SIZE=${IMAGE_SIZE:-32}
+DEVICE=${DEVICE:-cuda}
+JOBS=${JOBS:-4}
+DATA=${DATA:-$OUT/data}
+VARIANTS=${VARIANTS:-auto:}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TQDM_DISABLE=1 PYTHONUNBUFFERED=1
+mkdir -p "$OUT/logs" "$OUT/runs"
+RESULTS=$OUT/results.jsonl
+: > "$RESULTS"
+START=$(date +%s)
+
+missing=""
+for ds in $DATASETS; do [[ -d "$DATA/$ds/train" && -d "$DATA/$ds/eval" ]] || missing+=" $ds"; done
+if [[ -n "$missing" ]]; then
+  echo "building datasets:$missing -> $DATA"
+  # shellcheck disable=SC2086
+  $PY benchmarks/recipe_datasets.py "$DATA" --only $missing
+fi
+
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+
+# One cell: pretrain, strip, kNN; a failure is recorded as a result line (and its log kept), never fatal.
+run_cell() {
+  local ds=$1 method=$2 seed=$3 label=$4 flags=$5
+  if [[ $method == random-init ]]; then  # the baseline: the random init of every seed (a few seconds)
+    # shellcheck disable=SC2086
+    $PY benchmarks/recipe_knn.py --train "$DATA/$ds/train" --eval "$DATA/$ds/eval" --random-init --seed $SEEDS \
+      --image-size "$IMAGE_SIZE" --device "$DEVICE" --results "$RESULTS" --tag "dataset=$ds" --tag "method=random-init" \
+      --tag "variant=-" --tag "recipe=-" >"$OUT/logs/$ds-random-init.log" 2>&1 \
+      && echo "done $ds random init" \
+      || { echo "FAILED random init on $ds: see $OUT/logs/$ds-random-init.log"; tail -n 3 "$OUT/logs/$ds-random-init.log"; }
+    return
+  fi
+  local name="$method-s$seed"; [[ "$label" != auto ]] && name+="-$label"
+  local run="$OUT/runs/$ds/$name" log="$OUT/logs/$ds-$name.log" t0 t1 t2
+  rm -rf "$run"
+  t0=$(now_ms)
+  # shellcheck disable=SC2086
+  if $PY -m pipeline pretrain --method "$method" --data "folder:$DATA/$ds/train" --image-size "$IMAGE_SIZE" \
+        --epochs "$EPOCHS" --batch-size "$BATCH" --device "$DEVICE" --seed "$seed" --out "$run" $flags >"$log" 2>&1; then
+    t1=$(now_ms)
+    if $PY -m pipeline strip --run "$run" >>"$log" 2>&1; then
+      t2=$(now_ms)
+      local recipe; recipe=$(sed -n 's/^recipe: //p' "$run/config.yaml")
+      $PY benchmarks/recipe_knn.py --train "$DATA/$ds/train" --eval "$DATA/$ds/eval" --encoder "$run/export/encoder.pt" \
+        --device "$DEVICE" --results "$RESULTS" --tag "dataset=$ds" --tag "method=$method" --tag "seed=$seed" \
+        --tag "variant=$label" --tag "recipe=$recipe" --tag "flags=$flags" \
+        --tag "pretrain_ms=$((t1 - t0))" --tag "strip_ms=$((t2 - t1))" >>"$log" 2>&1 \
+        || echo "{\"dataset\": \"$ds\", \"method\": \"$method\", \"seed\": \"$seed\", \"variant\": \"$label\", \"failed\": \"knn\", \"log\": \"$log\"}" >>"$RESULTS"
+      echo "done $ds $name ($(( (t1 - t0) / 1000 )) s pretrain, recipe $recipe)"
+      return
+    fi
+  fi
+  echo "{\"dataset\": \"$ds\", \"method\": \"$method\", \"seed\": \"$seed\", \"variant\": \"$label\", \"failed\": \"pretrain or strip\", \"log\": \"$log\"}" >>"$RESULTS"
+  echo "FAILED $ds $name: see $log"; tail -n 3 "$log" || true
+}
+
+# The job list: the baselines first, then seeds outermost, so an early look at results.jsonl has every cell once.
+JOBFILE=$OUT/jobs.tsv
+: > "$JOBFILE"
+for ds in $DATASETS; do printf '%s\t%s\t%s\t%s\t%s\n' "$ds" random-init all - "" >>"$JOBFILE"; done
+IFS=';' read -r -a VARIANT_LIST <<< "$VARIANTS"
+for seed in $SEEDS; do
+  for ds in $DATASETS; do
+    for method in $METHODS; do
+      for v in "${VARIANT_LIST[@]}"; do
+        printf '%s\t%s\t%s\t%s\t%s\n' "$ds" "$method" "$seed" "${v%%:*}" "${v#*:}" >>"$JOBFILE"
+      done
+    done
+  done
+done
+echo "$(grep -vc random-init "$JOBFILE") trainings (and the random-init baselines), $JOBS jobs at a time on $DEVICE; logs in $OUT/logs"
+
+running=0
+while IFS=$'\t' read -r ds method seed label flags; do
+  run_cell "$ds" "$method" "$seed" "$label" "$flags" </dev/null &  # stdin kept off the job list
+  running=$((running + 1))
+  if (( running >= JOBS )); then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done < "$JOBFILE"
+wait
+
+WALL=$(( $(date +%s) - START ))
+echo "grid wall time: $WALL s (${JOBS} trainings at once on one device)" | tee "$OUT/wall.txt"
+$PY benchmarks/recipe_summary.py "$OUT" | tee "$OUT/summary.txt"

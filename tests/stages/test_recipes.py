@@ -1,0 +1,96 @@
+"""Recipes by scale: auto's choice, what fills the unset options, what always wins, what a run records."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from pipeline import rundir
+from pipeline.errors import PipelineError
+from stages import augment, pretrain, recipes
+from stages.data import count_train_images, load_data, make_split
+from stages.methods import byol, mocov3, simclr
+from stages.pretrain import PretrainConfig, config_for_run, resolve
+
+
+@pytest.mark.parametrize("n_train, steps, size, expected", [
+    (1_281_167, 31_000, 224, "paper"),  # ImageNet, SimCLR's shortest schedule
+    (126_000, 100_000, 224, "paper"),  # ImageNet-100
+    (7_200, 1_400, 32, "small"),  # the issue's held-out set at batch 512, 100 epochs
+    (50_000, 195_000, 32, "small"),  # CIFAR-10 for 1000 epochs: many steps, but CIFAR-size images
+    (9_469, 40_000, 128, "small"),  # Imagenette: too few images for the papers' recipes
+    (1_281_167, 3_000, 224, "small"),  # ImageNet for a couple of epochs
+])
+def test_auto_picks_paper_only_at_imagenet_scale(n_train, steps, size, expected):
+    name, why = recipes.choose("auto", n_train, steps, size)
+    assert name == expected
+    assert why.startswith("auto: ") and f"{n_train:,}" in why
+
+
+@pytest.mark.parametrize("asked", ["small", "paper"])
+def test_an_asked_recipe_is_taken_at_any_scale(asked):
+    for scale in [(100, 10, 16), (10**6, 10**6, 224)]:
+        assert recipes.choose(asked, *scale) == (asked, f"--recipe {asked}")
+
+
+def test_paper_recipes_are_the_methods_paper_defaults():
+    for method, defaults in [("simclr", simclr.DEFAULTS), ("byol", byol.DEFAULTS), ("mocov3", mocov3.DEFAULTS)]:
+        assert recipes.values("paper", method) == defaults
+        assert recipes.views_for("paper", method, 32) == augment.recipes_for(method, 32)
+        cfg = resolve(PretrainConfig(method=method, recipe="paper"))
+        assert {k: getattr(cfg, k) for k in defaults} == defaults
+
+
+def test_small_recipes_change_values_and_views_only_through_the_table():
+    for method in ("simclr", "byol", "mocov3"):
+        cfg = resolve(PretrainConfig(method=method, recipe="small"))
+        assert {k: getattr(cfg, k) for k in recipes.SMALL[method].values} == recipes.SMALL[method].values
+        assert cfg.optimizer == "sgd"
+    v1, v2 = recipes.views_for("small", "simclr", 32)
+    assert (v1.brightness, v1.contrast, v1.saturation, v1.hue) == (0.4, 0.4, 0.4, 0.1) and v1 == v2
+    assert v1.blur_p == 0.0 and recipes.views_for("small", "simclr", 96)[0].blur_p == 0.5  # blur kept above 64 px
+    assert recipes.views_for("small", "byol", 32) == augment.recipes_for("byol", 32)
+
+
+def test_flags_and_config_values_win_over_the_recipe(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("method: byol\nlr: 0.5\nmomentum_base: 0.996\n")
+    cfg = config_for_run(cfg_file, {"weight_decay": 1e-4, "optimizer": "lars"}, tmp_path / "run", False)
+    assert (cfg.lr, cfg.momentum_base, cfg.weight_decay, cfg.optimizer) == (0.5, 0.996, 1e-4, "lars")
+    small = recipes.SMALL["byol"].values
+    assert (cfg.proj_hidden_dim, cfg.pred_hidden_dim) == (small["proj_hidden_dim"], small["pred_hidden_dim"])
+
+
+def test_a_run_states_and_records_the_recipe_it_chose(tmp_path, tiny_overrides):
+    said = []
+    out = tmp_path / "run"
+    cfg = config_for_run(None, {**tiny_overrides, "method": "mocov3", "max_steps": 1}, out, False)
+    assert cfg.recipe == "auto"
+    pretrain.run(cfg, out, say=said.append)
+    assert said[0].startswith("recipe small (auto: 44 train images, 10 steps, 16 px: below ImageNet scale (< 100,000 "
+                              "images, < 30,000 steps, < 65 px))")
+    text = (out / rundir.CONFIG).read_text()
+    assert "# recipe small: auto: 44 train images" in text
+    saved = yaml.safe_load(text)
+    assert saved["recipe"] == "small" and saved["optimizer"] == "sgd" and saved["temperature"] == 0.2
+    # The recorded config, used again, gives the same run settings.
+    again = config_for_run(out / rundir.CONFIG, {}, tmp_path / "again", False)
+    assert dataclasses.asdict(again) == {**dataclasses.asdict(cfg), "recipe": "small"}
+    # A resumed run keeps its recipe (the views depend on it): asking for another is refused.
+    with pytest.raises(PipelineError, match="`recipe` is 'small'"):
+        config_for_run(None, {"recipe": "paper"}, out, True)
+
+
+def test_train_count_matches_the_split(tmp_path):
+    rng = np.random.default_rng(0)
+    for c, n in (("a", 7), ("b", 12)):
+        (tmp_path / c).mkdir()
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 255, (10, 10, 3), dtype=np.uint8)).save(tmp_path / c / f"{i}.png")
+    for spec in ("digits", "synthetic:50", f"folder:{tmp_path}"):
+        for fraction in (0.1, 0.25):
+            split = make_split(load_data(spec, 8), fraction, seed=0)
+            assert count_train_images(spec, fraction) == len(split["train"]), (spec, fraction)
+    assert count_train_images(f"folder:{tmp_path / 'missing'}", 0.1) == 0
