@@ -19,10 +19,10 @@ if [[ $($PY -c 'import torch; print(torch.cuda.device_count())') -ge 2 ]]; then
 fi
 status=0
 for log in "${logs[@]}"; do
-  # The project's pretrain lines: the run it uses, the one-line setup summary, resume/skip notes, the end line
+  # The project's pretrain lines: the run it uses, the recipe it chose and why, the one-line setup summary, resume/skip notes, the end line
   # (the progress bar is off when the output is not a terminal).
   foreign=$(tr '\r' '\n' < "$log" | grep -v '^\s*$' \
-            | grep -vE '^(using run |pretraining |resuming |warning: skipped |done: step )')
+            | grep -vE '^(using run |recipe |pretraining |resuming |warning: skipped |done: step )')
   echo "== $log: $(wc -l < "$log") lines, foreign: $( [[ -z $foreign ]] && echo none || echo "$foreign" | wc -l)"
   [[ -n $foreign ]] && { echo "$foreign" | cut -c1-300; status=1; }
   grep -E '^(pretraining|done:)' "$log" | cut -c1-200
