@@ -14,7 +14,7 @@ EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/cor
                 export/metadata.py
 VALIDATE_SRC := stages/validate.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
 
-.PHONY: all install test clean-run
+.PHONY: all install test clean-run browser
 all: $(RUN)/validate/parity.json
 	@$(BIN)/pipeline show --run $(RUN)
 
@@ -45,8 +45,16 @@ $(RUN)/export/encoder.json: $(RUN)/export/trace.json $(RUN)/eval/linear.json $(E
 $(RUN)/validate/parity.json: $(RUN)/export/encoder.json $(VALIDATE_SRC)
 	$(BIN)/pipeline validate --run $(RUN)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -n 2 tests
+
+# Debian's chromium + chromium-driver for the headless web-page tests, installed only when missing (never a browser
+# downloaded by a test tool). Without apt-get (a Mac) it says so and those tests skip.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { command -v apt-get >/dev/null && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } || \
+	  echo "note: no chromium/chromedriver and no apt-get: the browser tests will skip"
 
 clean-run:
 	rm -rf $(RUN)

@@ -407,6 +407,13 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
         described = probe()
     except RuntimeError as e:
         raise PipelineError(str(e)) from None
+    # Starlette spools an uploaded file over 1 MiB to a temporary file while it parses the form: keep those under
+    # the root too (same disk as the jobs, removed when the request ends), not in the machine's shared /tmp
+    import tempfile
+
+    spool = root / ".uploads"
+    spool.mkdir(mode=0o700, exist_ok=True)
+    tempfile.tempdir = str(spool)
     app = create_app(root, described, allow_data=allow_data, max_upload=max_upload, caps=caps)
     shown = f"[{host}]" if ":" in host else host
     say(f"jobs in {root}; token in {root / TOKEN_FILE} (mode 0600)")
