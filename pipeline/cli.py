@@ -252,7 +252,8 @@ def show(run):
 @one_line_errors
 def serve(host, port, root, allow_remote, allow_data, max_upload_mb, max_unzipped_mb):
     """Training jobs over HTTP and a web page: upload a zip of images, pick a method, watch it train, download the
-    validated Core ML / ONNX model. Each job runs the stages above as child processes in ROOT/<job id>/."""
+    validated Core ML / ONNX model. Each job runs pretrain -> linear-eval -> strip -> trace -> export -> validate
+    as child processes in ROOT/<job id>/."""
     from stages.serve.app import serve as run_server
     from stages.serve.uploads import ZipCaps
 

@@ -251,7 +251,8 @@ def create_app(root: Path, described: dict, *, allow_data: tuple[str, ...] = ("d
         job_id = _new_job_id(root, store)
         if upload is None:
             kind, _, arg = spec.partition(":")
-            labelled = kind != "folder" or any(p.is_dir() for p in Path(arg).iterdir())
+            folder = Path(arg)
+            labelled = kind != "folder" or (folder.is_dir() and any(p.is_dir() for p in folder.iterdir()))
             job = store.add(job_id=job_id, device=device, data=spec, source=spec, labelled=labelled, recipe=recipe,
                             formats=formats, options=chosen, skipped=[])
         else:
@@ -418,4 +419,6 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
     shown = f"[{host}]" if ":" in host else host
     say(f"jobs in {root}; token in {root / TOKEN_FILE} (mode 0600)")
     say(f"open http://{shown}:{port}/#token={load_or_create_token(root)}  (API description: /docs)")
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    # access_log off: request lines are noise here; a bounded graceful shutdown: an open progress stream (a
+    # browser tab) must not keep Ctrl-C from stopping the server (the running job resumes at the next start)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=3)

@@ -94,6 +94,23 @@ def test_token_file_is_owner_only_and_kept_across_starts(tmp_path, described):
         make_app(root, described)
 
 
+def test_binding_beyond_loopback_needs_the_flag_and_one_root_has_one_server(tmp_path):
+    import fcntl
+
+    from stages.serve.app import is_loopback
+    from tests.cli_helpers import assert_one_line_error, cli
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
+    assert_one_line_error(cli("serve", "--host", "0.0.0.0", "--root", tmp_path / "a"), "--allow-remote")
+    assert not (tmp_path / "a").exists()
+    root = tmp_path / "b"
+    root.mkdir()
+    with open(root / "serve.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert_one_line_error(cli("serve", "--root", root), "another `pipeline serve`")
+
+
 # --- options, validated by pipeline/config.py against PretrainConfig's fields
 
 @pytest.mark.parametrize("fields, named", [
@@ -146,7 +163,9 @@ def _too_big_unzipped() -> bytes:
 
 @pytest.mark.parametrize("body, status, words", [
     (lambda: zip_bytes({"a/../../evil.png": png(0)}), 422, "climbs out"),
+    (lambda: zip_bytes({"a\\..\\..\\evil.png": png(0)}), 422, "climbs out"),
     (lambda: zip_bytes({"/tmp/evil.png": png(0)}), 422, "absolute"),
+    (lambda: zip_bytes({"C:/evil.png": png(0)}), 422, "absolute"),
     (lambda: zip_bytes({"a/ok.png": png(0)}, links={"a/link.png": "/etc/passwd"}), 422, "symbolic link"),
     (_bomb, 422, "bomb"),
     (lambda: b"this is not a zip file at all", 422, "not a zip"),
@@ -286,3 +305,13 @@ def test_openapi_fuzz(tmp_path, described):
             case.call_and_validate(headers=auth, excluded_checks=skip)
 
         fuzz()
+
+
+def test_the_server_code_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, stages.serve.app, stages.serve.runner; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]"  # the jobs run in child processes; the server stays small and starts fast

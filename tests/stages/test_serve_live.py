@@ -1,6 +1,6 @@
-"""`pipeline serve` as a real uvicorn process on 127.0.0.1, started by the tests: a tiny CPU job end to end to
-artifacts `pipeline validate` accepts, a load test, a server SIGKILLed mid-training and restarted (same final
-weights as a run never interrupted), and the web page driven in headless Chromium."""
+"""`pipeline serve` as a real uvicorn process on 127.0.0.1, started by the tests: a tiny CPU job end to end through
+a SIGKILL of its server mid-training (same final weights as a run never interrupted, artifacts `pipeline validate`
+accepts), a load test, and the web page driven in headless Chromium."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from stages.serve.store import Store
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -84,44 +87,6 @@ def live(tmp_path_factory):
     server.stop()
 
 
-def test_a_tiny_job_end_to_end_to_artifacts_validate_accepts(live, tmp_path):
-    r = live.client.post("/jobs", data={"data": "synthetic:48", **{k: str(v) for k, v in TINY.items()}})
-    assert r.status_code == 201, r.text
-    job_id = r.json()["id"]
-    events = []
-    with live.client.stream("GET", f"/jobs/{job_id}/events", timeout=JOB_S) as stream:
-        for line in stream.iter_lines():
-            if line.startswith("data: "):
-                events.append(json.loads(line[6:]))
-    job = events[-1]
-    assert job["state"] == "succeeded", (job, live.output())
-    assert any(e["state"] == "running" and e["stage"] == "pretrain" for e in events)
-    assert job["step"] == job["total_steps"] == 10 and job["loss"] > 0 and job["img_s"] > 0
-    assert job["eval"]["num_classes"] == 4 and job["parity"]["passed"]
-    assert {a["artifact"] for a in job["parity"]["artifacts"]} == {"encoder.mlpackage", "encoder.mlmodel", "encoder.onnx"}
-    assert set(job["artifacts"]) >= {"encoder.mlmodel", "encoder.mlpackage", "encoder.onnx"}
-    logs = live.root / job_id / "logs"
-    assert {p.name for p in logs.iterdir()} >= {"pretrain.log", "linear-eval.log", "strip.log", "trace.log",
-                                               "export.log", "validate.log"}
-
-    # The downloads, put in place of a copy of the run's artifacts: `pipeline validate` must accept them
-    copy = tmp_path / "run"
-    shutil.copytree(live.root / job_id / "run", copy)
-    shutil.rmtree(copy / "export" / "encoder.mlpackage")
-    for name in ("encoder.mlmodel", "encoder.onnx"):
-        got = live.client.get(f"/jobs/{job_id}/artifacts/{name}")
-        assert got.status_code == 200
-        (copy / "export" / name).write_bytes(got.content)
-    pkg = live.client.get(f"/jobs/{job_id}/artifacts/encoder.mlpackage")
-    assert pkg.headers["content-type"] == "application/zip"
-    zipfile.ZipFile(io.BytesIO(pkg.content)).extractall(copy / "export")
-    assert live.client.get(f"/jobs/{job_id}/artifacts/report.html").status_code in (200, 404)
-    done = subprocess.run([sys.executable, "-m", "pipeline", "validate", "--run", str(copy)], capture_output=True,
-                          text=True, cwd=PROJECT, env=dict(os.environ, PYTHONPATH=str(PROJECT)))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert json.loads((copy / "validate" / "parity.json").read_text())["passed"]
-
-
 def test_load_50_submissions_500_polls_every_job_recorded_once(live):
     def submit(i):
         r = live.client.post("/jobs", data={"data": "synthetic:48", "seed": str(i), "epochs": "1"})
@@ -135,45 +100,94 @@ def test_load_50_submissions_500_polls_every_job_recorded_once(live):
     listed = [j for j in live.client.get("/jobs").json() if j["id"] in ids]
     assert sorted(j["id"] for j in listed) == sorted(ids)  # each once, none lost
     assert sorted(j["options"]["seed"] for j in listed) == list(range(50))
-    for job_id in ids:  # they would train for minutes: cancel them (a running one has its child stopped)
+    # They would train for minutes: cancel them, newest first, so the runner, busy with the oldest until its own
+    # cancel stops its child, never starts another
+    for job_id in reversed(ids):
         assert live.client.post(f"/jobs/{job_id}/cancel").status_code in (200, 409)
     for job_id in ids:
         assert live.wait(job_id, timeout=120)["state"] == "cancelled"
 
 
-def test_sigkilled_server_resumes_its_job_to_the_same_weights(tmp_path):
+def test_a_failing_stage_fails_the_job_with_its_error_line(live):
+    # image size 4 passes the option's type check at submission; pretraining's own check refuses it in the child
+    r = live.client.post("/jobs", data={"data": "synthetic:48", "image_size": "4", "device": "cpu"})
+    assert r.status_code == 201, r.text
+    job = live.wait(r.json()["id"])
+    assert job["state"] == "failed" and job["stage"] == "pretrain"
+    assert job["error"].startswith("pretrain: image size 4 is impossible"), job["error"]
+    assert job["artifacts"] == [] and job["finished"] >= job["started"]
+
+
+def test_a_job_end_to_end_through_a_sigkill_to_the_same_weights_and_validated_downloads(tmp_path):
+    """One tiny CPU job on synthetic data through the whole chain, its server SIGKILLed as soon as pretraining has
+    written its first checkpoint and started again: the job resumes, succeeds, ends with the weights of a run never
+    interrupted, and its downloaded artifacts pass `pipeline validate`. (One job for both: each costs a chain.)"""
     torch = pytest.importorskip("torch")
     from stages import pretrain
 
-    options = dict(TINY, epochs=12, checkpoint_every_s=0)  # 60 steps, last.pt after every 5-step epoch
+    options = dict(TINY, epochs=6, checkpoint_every_s=0)  # 30 steps, last.pt after every 5-step epoch
     root = tmp_path / "jobs"
     server = Server(root)
-    r = server.client.post("/jobs", data={"data": "synthetic:48", "formats": "onnx",
-                                          **{k: str(v) for k, v in options.items()}})
+    r = server.client.post("/jobs", data={"data": "synthetic:48", **{k: str(v) for k, v in options.items()}})
+    assert r.status_code == 201, r.text
     job_id = r.json()["id"]
-    run = root / job_id / "run"
-    server.wait(job_id, until=lambda j: (j["step"] or 0) >= 6 and (run / "checkpoints" / "last.pt").is_file())
-    child = server.client.get(f"/jobs/{job_id}").json()
+    last = root / job_id / "run" / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + JOB_S
+    while not last.is_file():  # watched here, not through the API: the kill must land while steps remain
+        assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
+        time.sleep(0.02)
     server.proc.kill()  # SIGKILL: no shutdown code runs
     server.proc.wait()
     server.log.close()
     time.sleep(1)  # the child dies with the server (PR_SET_PDEATHSIG on Linux)
-    at_kill = torch.load(run / "checkpoints" / "last.pt", weights_only=False)["step"]
-    assert child["state"] == "running" and at_kill < 60, "pretraining ended before the kill: nothing was resumed"
+    at_kill = torch.load(last, weights_only=False)["step"]
+    assert at_kill < 30, "pretraining ended before the kill: nothing was resumed"
+    assert Store(root / "jobs.db").get(job_id)["state"] == "running"
 
     server = Server(root)
     try:
-        job = server.wait(job_id)
+        events = []
+        with server.client.stream("GET", f"/jobs/{job_id}/events", timeout=JOB_S) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+        job = events[-1]
+        assert job["state"] == "succeeded", (job, server.output())
+        assert job["resumes"] == 1 and job["step"] == job["total_steps"] == 30 and job["loss"] > 0 and job["img_s"] > 0
+        assert any(e["stage"] == "pretrain" and e["state"] == "running" for e in events) or at_kill == 30
+        assert job["eval"]["num_classes"] == 4 and job["parity"]["passed"]
+        assert {a["artifact"] for a in job["parity"]["artifacts"]} == {"encoder.mlpackage", "encoder.mlmodel",
+                                                                       "encoder.onnx"}
+        assert set(job["artifacts"]) >= {"encoder.mlmodel", "encoder.mlpackage", "encoder.onnx"}
+        logs = root / job_id / "logs"
+        assert {p.name for p in logs.iterdir()} >= {"pretrain.log", "linear-eval.log", "strip.log", "trace.log",
+                                                   "export.log", "validate.log"}
+        log = (logs / "pretrain.log").read_text()
+        assert "--resume" in log and f"resuming {root / job_id / 'run'} at step {at_kill}" in log
+
+        # The downloads, put in place of a copy of the run's artifacts: `pipeline validate` must accept them
+        copy = tmp_path / "run"
+        shutil.copytree(root / job_id / "run", copy)
+        shutil.rmtree(copy / "export" / "encoder.mlpackage")
+        for name in ("encoder.mlmodel", "encoder.onnx"):
+            got = server.client.get(f"/jobs/{job_id}/artifacts/{name}")
+            assert got.status_code == 200
+            (copy / "export" / name).write_bytes(got.content)
+        pkg = server.client.get(f"/jobs/{job_id}/artifacts/encoder.mlpackage")
+        assert pkg.headers["content-type"] == "application/zip"
+        zipfile.ZipFile(io.BytesIO(pkg.content)).extractall(copy / "export")
+        assert server.client.get(f"/jobs/{job_id}/artifacts/report.html").status_code in (200, 404)
     finally:
         server.stop()
-    assert job["state"] == "succeeded" and job["resumes"] == 1 and job["step"] == 60, job
-    log = (root / job_id / "logs" / "pretrain.log").read_text()
-    assert "--resume" in log and f"resuming {run} at step {at_kill}" in log
+    done = subprocess.run([sys.executable, "-m", "pipeline", "validate", "--run", str(copy)], capture_output=True,
+                          text=True, cwd=PROJECT, env=dict(os.environ, PYTHONPATH=str(PROJECT)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((copy / "validate" / "parity.json").read_text())["passed"]
 
     ref = tmp_path / "ref"
     cfg = pretrain.config_for_run(None, dict(options, data="synthetic:48"), ref, resume=False)
     pretrain.run(cfg, ref, say=lambda *a: None)
-    got = torch.load(run / "checkpoints" / "last.pt", weights_only=False)["model"]
+    got = torch.load(last, weights_only=False)["model"]
     want = torch.load(ref / "checkpoints" / "last.pt", weights_only=False)["model"]
     assert got.keys() == want.keys()
     assert all(torch.equal(got[k], want[k]) for k in want), "resumed weights differ from an uninterrupted run"
@@ -226,15 +240,22 @@ def test_the_page_uploads_shows_progress_and_downloads(live, tmp_path):
         driver.find_element(By.ID, "start").click()
         wait_for(lambda: "queued" in driver.find_element(By.ID, "submit-state").text)
         job_id = driver.find_element(By.ID, "submit-state").text.split()[1]  # "job <id> queued"
-        seen = set()
+        seen, states, bar = set(), set(), set()
 
         def finished():
-            seen.add(driver.find_element(By.ID, "d-line").text.split(",")[0])
+            seen.add(driver.find_element(By.ID, "d-line").text.split(" · ")[0])
+            states.add(driver.find_element(By.ID, "d-state").text)
+            progress = driver.find_element(By.ID, "d-progress")
+            bar.add((progress.get_attribute("value"), progress.get_attribute("max")))
             return driver.find_element(By.ID, "d-state").text in ("succeeded", "failed", "cancelled")
 
         wait_for(finished, JOB_S, 0.2)
         assert driver.find_element(By.ID, "d-state").text == "succeeded", driver.find_element(By.ID, "d-error").text
-        assert any(s.startswith("pretrain: step") and " of 5" in s for s in seen), seen  # live progress was shown
+        # live progress was shown: the job running, its stages, the step count and the bar filling
+        assert "running" in states and len({s.split(":")[0] for s in seen} & {"pretrain", "linear-eval", "strip",
+                                                                             "trace", "export", "validate"}) >= 3, seen
+        assert any(re.fullmatch(r"[a-z-]+: step [1-5] of 5", s) for s in seen), seen
+        assert ("5", "5") in bar or ("1", "1") in bar, bar
         assert "1 files skipped" in driver.find_element(By.ID, "d-line").text  # readme.txt
         driver.find_element(By.ID, "get-encoder-mlmodel").click()
         target = downloads / "encoder.mlmodel"
