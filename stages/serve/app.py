@@ -413,7 +413,8 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
     import tempfile
 
     spool = root / ".uploads"
-    spool.mkdir(mode=0o700, exist_ok=True)
+    shutil.rmtree(spool, ignore_errors=True)  # what a killed server was receiving; only this server uses it
+    spool.mkdir(mode=0o700)
     tempfile.tempdir = str(spool)
     app = create_app(root, described, allow_data=allow_data, max_upload=max_upload, caps=caps)
     shown = f"[{host}]" if ":" in host else host
