@@ -42,13 +42,14 @@ else:
 
 
 def as_flags(options: dict) -> list[str]:
+    """Validated options as `--name=value` tokens: a value is never read as a flag of its own, whatever it holds."""
     flags = []
     for name, value in options.items():
         flag = name.replace("_", "-")
         if isinstance(value, bool):
             flags.append(f"--{flag}" if value else f"--no-{flag}")
         elif value is not None:
-            flags += [f"--{flag}", str(value)]
+            flags.append(f"--{flag}={value}")
     return flags
 
 

@@ -315,3 +315,41 @@ def test_the_server_code_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"  # the jobs run in child processes; the server stays small and starts fast
+
+
+def test_the_chain_each_job_runs(tmp_path):
+    from stages.serve.options import RECIPES
+    from stages.serve.runner import chain
+
+    job = {"recipe": "byol-small", "options": {"epochs": 3, "compile": False, "device": "cpu"}, "data": "folder:/x y",
+           "labelled": True, "formats": "onnx"}
+    steps = chain(job, ["pretrain", "validate"], tmp_path)
+    run = str(tmp_path / "run")
+    assert [name for name, _ in steps] == ["pretrain", "linear-eval", "strip", "trace", "export", "validate"]
+    assert steps[0][1] == ["--config", str(RECIPES / "byol-small.yaml"), "--epochs=3", "--no-compile", "--device=cpu",
+                           "--data", "folder:/x y", "--out", run]
+    assert steps[1][1] == ["--device", "cpu", "--run", run] and steps[4][1] == ["--to", "onnx", "--run", run]
+    unlabelled = chain(dict(job, labelled=False, recipe=None), ["report"], tmp_path)
+    assert [name for name, _ in unlabelled] == ["pretrain", "strip", "trace", "export", "validate", "report"]
+
+
+def test_store_claims_in_order_and_hands_back_an_interrupted_job_first(tmp_path):
+    store = Store(tmp_path / "jobs.db")
+    kw = dict(data="digits", source="digits", labelled=True, recipe=None, formats="all", options={}, skipped=[])
+    a, b = store.add(device="cpu", **kw)["id"], store.add(device="cpu", **kw)["id"]
+    c = store.add(device="cuda", **kw)["id"]
+    assert store.claim("cpu")["id"] == a
+    store.update(a, stage="export")
+    # the server dies here; a new one opens the same file: the running job comes back first, at its stage
+    again = Store(tmp_path / "jobs.db").claim("cpu")
+    assert (again["id"], again["stage"], again["resumes"], again["state"]) == (a, "export", 1, "running")
+    store.finish(a, "succeeded")
+    assert store.claim("cpu")["id"] == b and store.claim("cuda")["id"] == c
+    assert store.claim("cpu")["id"] == b  # still running: handed back, never a second job on one device
+    assert store.get(b)["resumes"] == 1
+    store.finish(b, "failed", "pretrain: boom")
+    assert store.claim("cpu") is None and store.devices() == {"cuda"}
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "jobs.db") as db:  # write-ahead log mode is kept in the file itself
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
