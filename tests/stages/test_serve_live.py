@@ -131,6 +131,7 @@ def test_a_job_end_to_end_through_a_sigkill_to_the_same_weights_and_validated_do
     r = server.client.post("/jobs", data={"data": "synthetic:48", **{k: str(v) for k, v in options.items()}})
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
+    behind = server.client.post("/jobs", data={"data": "synthetic:48", "epochs": "1"}).json()["id"]
     last = root / job_id / "run" / "checkpoints" / "last.pt"
     deadline = time.monotonic() + JOB_S
     while not last.is_file():  # watched here, not through the API: the kill must land while steps remain
@@ -146,6 +147,9 @@ def test_a_job_end_to_end_through_a_sigkill_to_the_same_weights_and_validated_do
 
     server = Server(root)
     try:
+        # the job queued behind it is still queued (the resumed one has the device); it is not needed here
+        assert server.client.get(f"/jobs/{behind}").json()["state"] == "queued"
+        assert server.client.post(f"/jobs/{behind}/cancel").json()["state"] == "cancelled"
         events = []
         with server.client.stream("GET", f"/jobs/{job_id}/events", timeout=JOB_S) as stream:
             for line in stream.iter_lines():
