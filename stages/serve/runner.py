@@ -57,7 +57,7 @@ def chain(job: dict, commands: list[str], job_dir: Path) -> list[tuple[str, list
     """The (stage, arguments) a job runs; a folder without class sub-folders has no labels to evaluate with."""
     run = str(job_dir / RUN)
     recipe = ["--config", str(RECIPES / f"{job['recipe']}.yaml")] if job["recipe"] else []
-    device = [f"--device", job["options"]["device"]] if "device" in job["options"] else []
+    device = ["--device", job["options"]["device"]] if "device" in job["options"] else []
     steps = [("pretrain", [*recipe, *as_flags(job["options"]), "--data", job["data"], "--out", run])]
     if job["labelled"]:
         steps.append(("linear-eval", [*device, "--run", run]))
@@ -252,4 +252,4 @@ def _is_child_of_run(pid: int, run: Path) -> bool:
             cmd = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True).stdout
     except OSError:
         return False
-    return f"pipeline" in cmd and str(run) in cmd
+    return "pipeline" in cmd and str(run) in cmd

@@ -356,3 +356,28 @@ def test_store_claims_in_order_and_hands_back_an_interrupted_job_first(tmp_path)
 
     with sqlite3.connect(tmp_path / "jobs.db") as db:  # write-ahead log mode is kept in the file itself
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_child_left_by_a_killed_server_is_stopped_before_its_job_resumes(tmp_path):
+    """Where no death signal exists (macOS), the restarted server kills the old child by its recorded pid; a
+    process that is not a pipeline child of that run (a reused pid) is left alone."""
+    import subprocess
+    import sys
+
+    from stages.serve.runner import kill_orphan
+
+    run = tmp_path / "job" / "run"
+    sleeper = "import time; time.sleep(120)"
+    orphan = subprocess.Popen([sys.executable, "-c", sleeper, "pipeline", "pretrain", "--out", str(run)],
+                              start_new_session=True)
+    stranger = subprocess.Popen([sys.executable, "-c", sleeper, "pipeline", "--out", str(tmp_path / "other")],
+                                start_new_session=True)
+    try:
+        kill_orphan(orphan.pid, run)
+        assert orphan.wait(10) == -9
+        kill_orphan(stranger.pid, run)
+        assert stranger.poll() is None
+    finally:
+        for p in (orphan, stranger):
+            p.kill()
+            p.wait()
