@@ -63,8 +63,8 @@ test: $(STAMP) browser
 swift-fixtures: $(RUN)/export/encoder.json
 	$(BIN)/pipeline swift-fixtures --run $(RUN)
 
-# Debian's headless Chromium and its driver, for the report's browser test; installed only when missing, and only
-# as root (elsewhere the test skips and says why).
+# Debian's headless Chromium and its driver, for the report's and the job service's browser tests; installed only
+# when missing, and only as root (elsewhere those tests skip and say why; never a browser a test tool downloads).
 browser:
 	@if command -v chromedriver >/dev/null && { command -v chromium >/dev/null || command -v chromium-browser >/dev/null; }; then :; \
 	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \

@@ -310,5 +310,27 @@ def swift_fixtures(run, out, bank_per_class, max_bytes, check):
     stage.run(cfg, resolve_run(run, say=click.echo), say=click.echo)
 
 
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on; loopback unless --allow-remote")
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--root", default="jobs", show_default=True, type=click.Path(file_okay=False),
+              help="where jobs.db, the token file and one folder per job live")
+@click.option("--allow-remote", is_flag=True, help="bind a non-loopback --host (prints a warning)")
+@click.option("--allow-data", multiple=True, default=("digits",), show_default=True,
+              help="a data SPEC a job may name instead of uploading a zip (repeat for several)")
+@click.option("--max-upload-mb", default=512, show_default=True, type=int, help="largest request body")
+@click.option("--max-unzipped-mb", default=2048, show_default=True, type=int, help="largest total a zip may unpack to")
+@one_line_errors
+def serve(host, port, root, allow_remote, allow_data, max_upload_mb, max_unzipped_mb):
+    """Training jobs over HTTP and a web page: upload a zip of images, pick a method, watch it train, download the
+    validated Core ML / ONNX model. Each job runs pretrain -> linear-eval -> strip -> trace -> export -> validate
+    as child processes in ROOT/<job id>/."""
+    from stages.serve.app import serve as run_server
+    from stages.serve.uploads import ZipCaps
+
+    run_server(host, port, Path(root), allow_remote=allow_remote, allow_data=tuple(allow_data),
+               max_upload=max_upload_mb << 20, caps=ZipCaps(max_total=max_unzipped_mb << 20), say=click.echo)
+
+
 if __name__ == "__main__":
     main()

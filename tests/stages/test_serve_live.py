@@ -1,0 +1,284 @@
+"""`pipeline serve` as a real uvicorn process on 127.0.0.1, started by the tests: a tiny CPU job end to end through
+a SIGKILL of its server mid-training (same final weights as a run never interrupted, artifacts `pipeline validate`
+accepts), a load test, and the web page driven in headless Chromium."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from stages.serve.store import Store
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+
+PROJECT = Path(__file__).resolve().parents[2]
+TINY = dict(image_size=16, batch_size=8, epochs=2, proj_hidden_dim=32, proj_dim=16, pred_hidden_dim=32, device="cpu",
+            num_workers=0, warmup_epochs=0.5, log_every=1, seed=0)
+START_S = 180  # the server reads the options from a child that imports torch: slow on a busy 2-core machine
+JOB_S = 540  # a whole tiny chain (six child processes, each importing torch) on a busy 2-core machine
+
+
+class Server:
+    def __init__(self, root: Path, *extra: str):
+        self.root = root
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = dict(os.environ, PYTHONPATH=str(PROJECT), OMP_NUM_THREADS="1", TQDM_DISABLE="1")
+        self.log = open(root.parent / f"server-{root.name}.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", "--root", str(root), "--port",
+                                      str(self.port), "--allow-data", "synthetic:48", *extra],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=PROJECT)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + START_S
+        while True:
+            assert self.proc.poll() is None, self.output()
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not start: " + self.output()
+            time.sleep(0.3)
+        self.token = (root / "token").read_text().strip()
+        self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
+
+    def output(self) -> str:
+        self.log.flush()
+        return (self.root.parent / f"server-{self.root.name}.log").read_text(errors="replace")[-3000:]
+
+    def wait(self, job_id: str, until=lambda job: job["state"] in ("succeeded", "failed", "cancelled"),
+             timeout: float = JOB_S) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.client.get(f"/jobs/{job_id}").json()
+            if until(job):
+                return job
+            assert time.monotonic() < deadline, f"job {job_id} stuck: {job}\n{self.output()}"
+            time.sleep(0.2)
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(60)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    server = Server(tmp_path_factory.mktemp("serve") / "jobs")
+    yield server
+    server.stop()
+
+
+def test_load_50_submissions_500_polls_every_job_recorded_once(live):
+    def submit(i):
+        r = live.client.post("/jobs", data={"data": "synthetic:48", "seed": str(i), "epochs": "1"})
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+
+    with ThreadPoolExecutor(16) as pool:
+        ids = list(pool.map(submit, range(50)))
+        polls = list(pool.map(lambda i: live.client.get(f"/jobs/{ids[i % 50]}").status_code, range(500)))
+    assert len(set(ids)) == 50 and polls == [200] * 500
+    listed = [j for j in live.client.get("/jobs").json() if j["id"] in ids]
+    assert sorted(j["id"] for j in listed) == sorted(ids)  # each once, none lost
+    assert sorted(j["options"]["seed"] for j in listed) == list(range(50))
+    # They would train for minutes: cancel them, newest first, so the runner, busy with the oldest until its own
+    # cancel stops its child, never starts another
+    for job_id in reversed(ids):
+        assert live.client.post(f"/jobs/{job_id}/cancel").status_code in (200, 409)
+    for job_id in ids:
+        assert live.wait(job_id, timeout=120)["state"] == "cancelled"
+
+
+def test_a_failing_stage_fails_the_job_with_its_error_line(live):
+    # image size 4 passes the option's type check at submission; pretraining's own check refuses it in the child
+    r = live.client.post("/jobs", data={"data": "synthetic:48", "image_size": "4", "device": "cpu"})
+    assert r.status_code == 201, r.text
+    job = live.wait(r.json()["id"])
+    assert job["state"] == "failed" and job["stage"] == "pretrain"
+    assert job["error"].startswith("pretrain: image size 4 is impossible"), job["error"]
+    assert job["artifacts"] == [] and job["finished"] >= job["started"]
+
+
+def test_a_job_end_to_end_through_a_sigkill_to_the_same_weights_and_validated_downloads(tmp_path):
+    """One tiny CPU job on synthetic data through the whole chain, its server SIGKILLed as soon as pretraining has
+    written its first checkpoint and started again: the job resumes, succeeds, ends with the weights of a run never
+    interrupted, and its downloaded artifacts pass `pipeline validate`. (One job for both: each costs a chain.)"""
+    torch = pytest.importorskip("torch")
+    from stages import pretrain
+
+    options = dict(TINY, epochs=6, checkpoint_every_s=0)  # 30 steps, last.pt after every 5-step epoch
+    root = tmp_path / "jobs"
+    server = Server(root)
+    r = server.client.post("/jobs", data={"data": "synthetic:48", **{k: str(v) for k, v in options.items()}})
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    behind = server.client.post("/jobs", data={"data": "synthetic:48", "epochs": "1"}).json()["id"]
+    last = root / job_id / "run" / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + JOB_S
+    while not last.is_file():  # watched here, not through the API: the kill must land while steps remain
+        assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
+        time.sleep(0.02)
+    server.proc.kill()  # SIGKILL: no shutdown code runs
+    server.proc.wait()
+    server.log.close()
+    time.sleep(1)  # the child dies with the server (PR_SET_PDEATHSIG on Linux)
+    at_kill = torch.load(last, weights_only=False)["step"]
+    assert at_kill < 30, "pretraining ended before the kill: nothing was resumed"
+    assert Store(root / "jobs.db").get(job_id)["state"] == "running"
+
+    server = Server(root)
+    try:
+        # the job queued behind it is still queued (the resumed one has the device); it is not needed here
+        assert server.client.get(f"/jobs/{behind}").json()["state"] == "queued"
+        assert server.client.post(f"/jobs/{behind}/cancel").json()["state"] == "cancelled"
+        events = []
+        with server.client.stream("GET", f"/jobs/{job_id}/events", timeout=JOB_S) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+        job = events[-1]
+        assert job["state"] == "succeeded", (job, server.output())
+        assert job["resumes"] == 1 and job["step"] == job["total_steps"] == 30 and job["loss"] > 0 and job["img_s"] > 0
+        assert any(e["stage"] == "pretrain" and e["state"] == "running" for e in events) or at_kill == 30
+        assert job["eval"]["num_classes"] == 4 and job["parity"]["passed"]
+        assert {a["artifact"] for a in job["parity"]["artifacts"]} == {"encoder.mlpackage", "encoder.mlmodel",
+                                                                       "encoder.onnx"}
+        assert set(job["artifacts"]) >= {"encoder.mlmodel", "encoder.mlpackage", "encoder.onnx"}
+        logs = root / job_id / "logs"
+        assert {p.name for p in logs.iterdir()} >= {"pretrain.log", "linear-eval.log", "strip.log", "trace.log",
+                                                   "export.log", "validate.log"}
+        log = (logs / "pretrain.log").read_text()
+        assert "--resume" in log and f"resuming {root / job_id / 'run'} at step {at_kill}" in log
+
+        # The downloads, put in place of a copy of the run's artifacts: `pipeline validate` must accept them
+        copy = tmp_path / "run"
+        shutil.copytree(root / job_id / "run", copy)
+        shutil.rmtree(copy / "export" / "encoder.mlpackage")
+        for name in ("encoder.mlmodel", "encoder.onnx"):
+            got = server.client.get(f"/jobs/{job_id}/artifacts/{name}")
+            assert got.status_code == 200
+            (copy / "export" / name).write_bytes(got.content)
+        pkg = server.client.get(f"/jobs/{job_id}/artifacts/encoder.mlpackage")
+        assert pkg.headers["content-type"] == "application/zip"
+        zipfile.ZipFile(io.BytesIO(pkg.content)).extractall(copy / "export")
+        assert server.client.get(f"/jobs/{job_id}/artifacts/report.html").status_code in (200, 404)
+    finally:
+        server.stop()
+    done = subprocess.run([sys.executable, "-m", "pipeline", "validate", "--run", str(copy)], capture_output=True,
+                          text=True, cwd=PROJECT, env=dict(os.environ, PYTHONPATH=str(PROJECT)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((copy / "validate" / "parity.json").read_text())["passed"]
+
+    ref = tmp_path / "ref"
+    cfg = pretrain.config_for_run(None, dict(options, data="synthetic:48"), ref, resume=False)
+    pretrain.run(cfg, ref, say=lambda *a: None)
+    got = torch.load(last, weights_only=False)["model"]
+    want = torch.load(ref / "checkpoints" / "last.pt", weights_only=False)["model"]
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want), "resumed weights differ from an uninterrupted run"
+
+
+# --- the web page in headless Chromium (Debian's chromium + chromium-driver)
+
+def _zip_of_photos(path: Path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    with zipfile.ZipFile(path, "w") as zf:
+        for c, colour in enumerate(((200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40))):
+            for i in range(12):
+                img = np.clip(rng.normal(colour, 40, (24, 24, 3)), 0, 255).astype(np.uint8)
+                buf = io.BytesIO()
+                Image.fromarray(img).save(buf, "PNG")
+                zf.writestr(f"photos/class{c}/{i}.png", buf.getvalue())
+        zf.writestr("photos/readme.txt", "not an image: the data stage skips and lists it")
+
+
+def test_the_page_uploads_shows_progress_and_downloads(live, tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    browser, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (browser and driver_bin):
+        pytest.skip("Debian's chromium and chromium-driver are not installed (make browser)")
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        opts.add_argument(arg)
+    opts.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                           "download.prompt_for_download": False})
+    driver = webdriver.Chrome(options=opts, service=webdriver.ChromeService(executable_path=driver_bin))
+    try:
+        photos = tmp_path / "photos.zip"
+        _zip_of_photos(photos)
+        driver.get(f"{live.url}/#token={live.token}")
+        wait_for(lambda: driver.find_element(By.ID, "token-state").text == "ok")
+        driver.find_element(By.ID, "file").send_keys(str(photos))
+        Select(driver.find_element(By.ID, "method")).select_by_value("simclr")
+        # ONNX alone: the cheapest export; what the page does with a download does not depend on the format
+        Select(driver.find_element(By.ID, "formats")).select_by_value("onnx")
+        for name, value in (("epochs", "1"), ("image_size", "16"), ("batch_size", "8")):
+            driver.find_element(By.ID, name).send_keys(value)
+        driver.find_element(By.ID, "start").click()
+        wait_for(lambda: "queued" in driver.find_element(By.ID, "submit-state").text)
+        job_id = driver.find_element(By.ID, "submit-state").text.split()[1]  # "job <id> queued"
+        seen, states, bar = set(), set(), set()
+
+        def finished():
+            seen.add(driver.find_element(By.ID, "d-line").text.split(" · ")[0])
+            states.add(driver.find_element(By.ID, "d-state").text)
+            progress = driver.find_element(By.ID, "d-progress")
+            bar.add((progress.get_attribute("value"), progress.get_attribute("max")))
+            return driver.find_element(By.ID, "d-state").text in ("succeeded", "failed", "cancelled")
+
+        wait_for(finished, JOB_S, 0.2)
+        assert driver.find_element(By.ID, "d-state").text == "succeeded", driver.find_element(By.ID, "d-error").text
+        # live progress was shown: the job running, its stages, the step count and the bar filling
+        assert "running" in states and len({s.split(":")[0] for s in seen} & {"pretrain", "linear-eval", "strip",
+                                                                             "trace", "export", "validate"}) >= 3, seen
+        assert any(re.fullmatch(r"[a-z-]+: step [1-5] of 5", s) for s in seen), seen
+        assert ("5", "5") in bar or ("1", "1") in bar, bar
+        assert "1 files skipped" in driver.find_element(By.ID, "d-line").text  # readme.txt
+        driver.find_element(By.ID, "get-encoder-onnx").click()
+        target = downloads / "encoder.onnx"
+        wait_for(lambda: target.is_file() and target.stat().st_size > 0, 60)
+        served = live.root / job_id / "run" / "export" / "encoder.onnx"
+        assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(served.read_bytes()).digest()
+    finally:
+        driver.quit()
+
+
+def wait_for(cond, timeout: float = 60, every: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if cond():
+                return
+        except Exception:  # an element not rendered yet
+            if time.monotonic() > deadline:
+                raise
+        assert time.monotonic() < deadline, "timed out waiting in the page"
+        time.sleep(every)
