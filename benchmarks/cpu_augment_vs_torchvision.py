@@ -280,8 +280,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7, help="per-image windows per path")
     ap.add_argument("--items-small", type=int, default=256, help="items a per-image window at <= 64 px")
     ap.add_argument("--items-large", type=int, default=32, help="items a per-image window above 64 px")
-    ap.add_argument("--reference-share", type=int, default=4,
-                    help="the slow paths (float reference, evaluator) time 1/this of the items")
+    ap.add_argument("--reference-share", type=int, default=1,
+                    help="the slow paths (float reference, evaluator) time 1/this of the items (fewer items: the "
+                         "float blur's cost varies with sigma, so a few items give a biased figure)")
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers, the same for every path")
     ap.add_argument("--e2e-repeats", type=int, default=3, help="end-to-end epochs per path (0: skip)")
     ap.add_argument("--e2e-small", type=int, default=2048, help="images an end-to-end epoch at <= 64 px")
@@ -305,7 +306,10 @@ def main() -> None:
            "torchvision": torchvision.__version__, "pillow": PIL.__version__, "lightly": lightly_version,
            "load_before": round(os.getloadavg()[0], 1), "argv": sys.argv[1:]}
     device = torch.device(args.device)
-    results = [run_size(s, args, device) for s in args.sizes]
+    results = []
+    for s in args.sizes:
+        print(f"timing {s} px ...", file=sys.stderr, flush=True)
+        results.append(run_size(s, args, device))
     env["load_after"] = round(os.getloadavg()[0], 1)
     print(report(results, env))
     if args.json:
