@@ -17,8 +17,10 @@ tensor store, as in training.
 Per image: ms per item (two views) in the calling thread with one torch thread (as a DataLoader worker), wall
 clock and thread CPU time, the paths interleaved in rotating order, median over --repeats windows.
 End to end: a DataLoader with --workers workers, --batch images a batch, to normalised float batches on
---device (the project: augment.cpu_view_batches, what pretraining iterates), img/s from the first batch to the
-last (worker start-up excluded), paths interleaved, median over --e2e-repeats.
+--device (the project: augment.cpu_view_batches, what pretraining iterates), this process with one torch thread
+as it only consumes the batches, img/s from the first batch to the
+last (worker start-up excluded), and CPU ms per image of the whole epoch (this process and its workers, from
+getrusage), paths interleaved, medians over --e2e-repeats.
 
 --coreml adds the per-image path with `--preprocess coreml` (jitter's blends, grayscale and blur as Core ML models,
 export/preprocess_models.py), twice: its calls run by the project's reference evaluator (export/mil_eval.py, as
@@ -39,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -166,8 +169,16 @@ def per_image(fns: dict, items: dict, repeats: int) -> dict:
                 "items": items[k], "wall_windows": [round(v, 4) for v in wall[k]]} for k in fns}
 
 
-def loader_rate(batches, batch: int, device: torch.device) -> float:
-    """img/s of an iterable of (x1, x2) batches from its first batch to its last."""
+def _cpu_s(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def loader_rate(batches, batch: int, device: torch.device) -> tuple[float, float]:
+    """(img/s from the first batch to the last, CPU ms per image of the whole epoch): the CPU time of this process
+    and of its DataLoader workers (joined when the epoch ends, so counted as finished children), start-up included.
+    The CPU figure is what the other sessions' load on a shared machine disturbs least."""
+    cpu0 = _cpu_s(resource.RUSAGE_SELF) + _cpu_s(resource.RUSAGE_CHILDREN)
     it = iter(batches)
     next(it)  # worker start-up and the first batch: not timed
     t0, n = time.perf_counter(), 0
@@ -175,16 +186,22 @@ def loader_rate(batches, batch: int, device: torch.device) -> float:
         n += batch
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return n / (time.perf_counter() - t0)
+    rate = n / (time.perf_counter() - t0)
+    cpu = _cpu_s(resource.RUSAGE_SELF) + _cpu_s(resource.RUSAGE_CHILDREN) - cpu0
+    return rate, 1000 * cpu / (n + batch)
 
 
 def end_to_end(makers: dict, batch: int, device: torch.device, repeats: int) -> dict:
     rates = {k: [] for k in makers}
+    cpu = {k: [] for k in makers}
     names = list(makers)
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            rates[name].append(loader_rate(makers[name](r), batch, device))
-    return {k: {"img_s": round(statistics.median(v), 1), "windows": [round(x, 1) for x in v]} for k, v in rates.items()}
+            rate, ms = loader_rate(makers[name](r), batch, device)
+            rates[name].append(rate)
+            cpu[name].append(ms)
+    return {k: {"img_s": round(statistics.median(v), 1), "windows": [round(x, 1) for x in v],
+                "cpu_ms_per_img": round(statistics.median(cpu[k]), 3)} for k, v in rates.items()}
 
 
 def run_size(size: int, args, device: torch.device) -> dict:
@@ -246,7 +263,11 @@ def run_size(size: int, args, device: torch.device) -> dict:
     }
     if light is not None:
         makers["lightly SimCLRTransform"] = torchvision_loader(light, True, False)
-    e2e = end_to_end(makers, batch, device, args.e2e_repeats) if args.e2e_repeats else {}
+    torch.set_num_threads(1)  # this process only consumes batches here: more intra-op threads would spin on the
+    try:                      # project's per-batch normalise (20 x its CPU on 2 busy cores) and rob the workers
+        e2e = end_to_end(makers, batch, device, args.e2e_repeats) if args.e2e_repeats else {}
+    finally:
+        torch.set_num_threads(threads)
     return {"size": size, "store": store, "blur_p": recipes[0].blur_p, "per_image": per, "e2e": e2e,
             "e2e_setup": {"workers": args.workers, "batch": batch, "images": total, "device": str(device)}}
 
@@ -267,10 +288,11 @@ def report(results: list[dict], env: dict) -> str:
             base = r["e2e"]["torchvision on PIL (lightly's recipe)"]["img_s"]
             lines += ["", f"{r['size']} px end to end: {s['workers']} DataLoader workers, batch {s['batch']}, "
                           f"{s['images']} images an epoch, normalised batches on {s['device']}, median img/s",
-                      "| path | img/s | windows | path / lightly's recipe |", "| --- | ---: | --- | ---: |"]
+                      "| path | img/s | windows | path / lightly's recipe | CPU ms/img (workers + main) |",
+                      "| --- | ---: | --- | ---: | ---: |"]
             for name, v in r["e2e"].items():
                 lines.append(f"| {name} | {v['img_s']:,.0f} | {', '.join(f'{x:,.0f}' for x in v['windows'])} | "
-                             f"{v['img_s'] / base:.2f} x |")
+                             f"{v['img_s'] / base:.2f} x | {v['cpu_ms_per_img']:.2f} |")
     return "\n".join(lines)
 
 
