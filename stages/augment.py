@@ -4,6 +4,11 @@ Parameters are drawn first (`sample_params`, one row per image) and applied seco
 applier (the device path) can reuse the exact same draws and be checked against this one pixel for pixel. The
 draws for an image depend only on (seed, epoch, index): results do not depend on worker count, and a resumed run
 sees the same views as an uninterrupted one.
+
+`apply_view` is the float reference (torchvision's ops on tensors). Training's per-image path makes its views with
+`uint8_view` instead (issue 17): the same row of parameters applied to uint8 PIL images by Pillow's C ops, as
+torchvision does on PIL images, within a few uint8 levels of the reference and several times faster; blur is
+Pillow's box-approximated Gaussian (tests/stages/test_augment.py bounds both).
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
+from PIL import Image
 
-from stages.preprocess import TORCH_PREPROCESS
+from stages.preprocess import PIL_PREPROCESS, TORCH_PREPROCESS
 
 # ImageNet statistics: what every torchvision ResNet recipe normalises with; stored in checkpoints and exports.
 MEAN = (0.485, 0.456, 0.406)
@@ -103,6 +110,78 @@ def sample_params(n: int, recipe: ViewRecipe, src_size: int, g: np.random.Genera
     return {k: torch.from_numpy(v) for k, v in p.items()}
 
 
+ROW_DRAWS = 36  # the numbers sample_params(1, ...) takes from its generator: 10 + 10 crop tries, then 16
+
+
+def sample_row(recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dict:
+    """sample_params(1, recipe, src_size, g) as plain Python numbers, from the same draws of g in the same order
+    (tests/stages/test_augment.py checks they are equal): the per-image path draws one row per view, and
+    sample_params' ~40 small numpy calls cost as much as a 32 px view's pixels. The crop tries are tried one at a
+    time (the first usually fits); math's exp and sqrt, like numpy's, are IEEE double."""
+    u = g.random(ROW_DRAWS).tolist()  # PCG64: one double per 64-bit output, so one call of 36 = 36 calls of one
+    area = src_size * src_size
+    lo, hi = math.log(recipe.crop_ratio[0]), math.log(recipe.crop_ratio[1])
+    h = w = float(src_size)  # no try fits: the whole image
+    for t in range(10):
+        scale = recipe.crop_scale[0] + (recipe.crop_scale[1] - recipe.crop_scale[0]) * u[t]
+        ratio = math.exp(lo + (hi - lo) * u[10 + t])
+        tw, th = round(math.sqrt(area * scale * ratio)), round(math.sqrt(area * scale / ratio))  # half to even, as np.round
+        if 0 < tw <= src_size and 0 < th <= src_size:
+            h, w = float(th), float(tw)
+            break
+    top_u, left_u, flip, jitter, bright, contrast, sat, hue = u[20:28]
+    order, (gray, blur, sigma, solarize) = u[28:32], u[32:]
+
+    def between(span: tuple[float, float], x: float) -> float:  # sample_params' u(), then its float32 rounding
+        return float(np.float32(span[0] + (span[1] - span[0]) * x))
+
+    return {
+        "crop": (math.floor(top_u * (src_size - h + 1)), math.floor(left_u * (src_size - w + 1)), int(h), int(w)),
+        "flip": flip < recipe.flip_p,
+        "jitter": jitter < recipe.jitter_p,
+        "brightness": between((1 - recipe.brightness, 1 + recipe.brightness), bright),
+        "contrast": between((1 - recipe.contrast, 1 + recipe.contrast), contrast),
+        "saturation": between((1 - recipe.saturation, 1 + recipe.saturation), sat),
+        "hue": between((-recipe.hue, recipe.hue), hue),
+        "jitter_order": sorted(range(4), key=order.__getitem__),  # argsort
+        "gray": gray < recipe.gray_p,
+        "blur": blur < recipe.blur_p,
+        "sigma": between(recipe.blur_sigma, sigma),
+        "solarize": solarize < recipe.solarize_p,
+    }
+
+
+def row_params(row: dict) -> dict[str, torch.Tensor]:
+    """A sample_row as sample_params' one-row tensors, for apply_view."""
+    return {k: torch.tensor([v]) for k, v in row.items()}
+
+
+_SOLARIZE = [255 - v if v >= 128 else v for v in range(256)]  # x >= 0.5 -> 1 - x, on levels (exact)
+
+
+def uint8_view(img: torch.Tensor, row: dict, out_size: int, ops=PIL_PREPROCESS) -> torch.Tensor:
+    """A sample_row applied to one uint8 3xSxS image with uint8 ops (`ops`: preprocess.PilPreprocess); returns uint8
+    3 x out x out, what (apply_view(...) * 255).round() gives within a few levels (tests/stages/test_augment.py).
+    Crop and resize by torch's uint8 antialiased bilinear kernel (the reference's filter, vectorised for uint8
+    channels-last: 3x Pillow's speed), then Pillow images for the rest."""
+    top, left, h, w = row["crop"]
+    x = img[None, :, top:top + h, left:left + w].contiguous(memory_format=torch.channels_last)
+    if (h, w) != (out_size, out_size):
+        x = F.interpolate(x, size=(out_size, out_size), mode="bilinear", antialias=True)
+    hwc = x[0].permute(1, 2, 0).numpy()  # channels-last memory: already H x W x 3
+    im = Image.fromarray(hwc[:, ::-1] if row["flip"] else hwc)  # one copy either way
+    if row["jitter"]:
+        im = ops.color_jitter(im, row["jitter_order"], row["brightness"], row["contrast"], row["saturation"], row["hue"])
+    if row["gray"]:
+        im = ops.grayscale(im)
+    if row["blur"]:
+        im = ops.gaussian_blur(im, blur_kernel_size(out_size), row["sigma"])
+    if row["solarize"]:
+        im = im.point(_SOLARIZE * len(im.getbands()))
+    out = torch.from_numpy(np.array(im))
+    return out.expand(3, *out.shape) if out.dim() == 2 else out.permute(2, 0, 1)
+
+
 def apply_view(img: torch.Tensor, p: dict[str, torch.Tensor], i: int, out_size: int,
                preprocess=TORCH_PREPROCESS) -> torch.Tensor:
     """Apply row i of `p` to one uint8 3xSxS image; returns float 3 x out x out in [0, 1] (not normalised).
@@ -129,10 +208,11 @@ def view_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class TwoViewDataset(torch.utils.data.Dataset):
-    """Item i -> two uint8 views of image indices[i] (uint8 keeps the host->device copy 4x smaller)."""
+    """Item i -> two uint8 views of image indices[i] (uint8 keeps the host->device copy 4x smaller). A uint8
+    backend (the default) makes them with uint8_view; a float one (Core ML) with apply_view, rounded."""
 
     def __init__(self, images: torch.Tensor, recipes: tuple[ViewRecipe, ViewRecipe], out_size: int, seed: int, epoch: int,
-                 preprocess=TORCH_PREPROCESS):
+                 preprocess=PIL_PREPROCESS):
         self.images, self.recipes, self.out_size, self.seed, self.epoch = images, recipes, out_size, seed, epoch
         self.preprocess = preprocess  # where jitter, grayscale and blur run (stages/preprocess.py)
 
@@ -144,8 +224,12 @@ class TwoViewDataset(torch.utils.data.Dataset):
         img = self.images[index]
         views = []
         for recipe in self.recipes:
-            p = sample_params(1, recipe, img.shape[-1], g)
-            views.append((apply_view(img, p, 0, self.out_size, self.preprocess) * 255).round_().to(torch.uint8))
+            row = sample_row(recipe, img.shape[-1], g)
+            if self.preprocess.pixels == "uint8":
+                views.append(uint8_view(img, row, self.out_size, self.preprocess))
+            else:
+                x = apply_view(img, row_params(row), 0, self.out_size, self.preprocess)
+                views.append((x * 255).round_().to(torch.uint8))
         return views[0], views[1]
 
 
@@ -182,7 +266,7 @@ def epoch_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[i
 
 def cpu_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
                      start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
-                     channels_last: bool = False, preprocess=TORCH_PREPROCESS):
+                     channels_last: bool = False, preprocess=PIL_PREPROCESS):
     """Yield (x1, x2) normalised float batches on `device` for one epoch, from batch `start_batch` on; this
     process's share (rank of world) of each global batch. Per-sample augmentation runs in DataLoader workers;
     this is the reference path and the CPU fallback."""
@@ -215,7 +299,7 @@ def augment_mode(requested: str, device: torch.device) -> str:
 
 def view_batches(mode: str, images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
                  start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
-                 channels_last: bool = False, preprocess=TORCH_PREPROCESS):
+                 channels_last: bool = False, preprocess=PIL_PREPROCESS):
     """The one place training batches come from: (x1, x2) per step, by the CPU path or the device path
     (stages/device_augment.py); mode is `augment_mode`'s answer. `preprocess` (stages/preprocess.py) serves the
     CPU path only."""

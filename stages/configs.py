@@ -51,7 +51,7 @@ class PretrainConfig:
     precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU; fp32 everywhere to debug", choices=("auto", "fp32"))
     num_workers: int = opt(-1, "augmentation workers (cpu augment); -1 = one per spare core, up to 8")
     augment: str = opt("auto", "where views are made: device = batched on the training GPU, cpu = per image in DataLoader workers (the reference); auto = device on cuda/mps", choices=AUGMENT_MODES)
-    preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = torchvision in the workers (the reference); auto = coreml where Core ML runs", choices=PREPROCESS_CHOICES)
+    preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = uint8 Pillow/numpy ops in the workers; auto = coreml where Core ML runs", choices=PREPROCESS_CHOICES)
     channels_last: str = opt("auto", "NHWC memory format: about 2x faster bf16 convs on CUDA tensor cores; auto = on for CUDA only", choices=("auto", "on", "off"))
     cuda_graphs: str = opt("auto", "replay the backbone's forward and backward as two CUDA graphs instead of launching its hundreds of kernels from Python every step (the host, not the GPU, limited small-image steps on an H200); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
     compile: bool = opt(False, "torch.compile the backbone: off by default, it was slower than eager in issue 6's H200 measurement and takes minutes to compile")

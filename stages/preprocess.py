@@ -2,8 +2,12 @@
 Gaussian blur of stages/augment.apply_view, and resize + normalise.
 
 BACKENDS:
-- torch: torchvision's functional ops in the DataLoader worker, exactly the calls apply_view has always made (the
-  reference: the pinned losses of tests/stages/test_pretrain.py go through it).
+- torch: the pixel work stays in the DataLoader worker, on uint8 images (PilPreprocess, issue 17): Pillow's C ops
+  where they compute what torchvision's float ops compute (colour matrices, rounded once), numpy integer
+  arithmetic for hue, scipy's separable filter for blur. What torchvision does on PIL images, only closer to the
+  float reference (each op within half a uint8 level of it on the same input) and faster. TorchPreprocess,
+  torchvision's float ops on tensors, stays the reference the other backends are tested against
+  (augment.apply_view).
 - coreml: the same transforms as Core ML models (export/preprocess_models.py), called per image from the Dataset's
   __getitem__, so on a Mac the Neural Engine / GPU does the pixel work and the CPU workers only crop, flip, draw
   the parameters and shift hue (an HSV round trip with no model: it stays torch, between the Core ML calls, so
@@ -15,6 +19,7 @@ coreml where Core ML cannot run is a one-line error naming why.
 
 from __future__ import annotations
 
+import math
 import platform
 import statistics
 import time
@@ -22,6 +27,8 @@ import time
 import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
+from PIL import Image
+from scipy import ndimage
 
 from export import coreml_runtime
 from pipeline.errors import PipelineError
@@ -29,12 +36,15 @@ from stages.configs import PREPROCESS_CHOICES as CHOICES
 
 COMPUTE_UNITS = "ALL"  # Core ML places each op on the Neural Engine, GPU or CPU: the point is to spare the CPU workers
 JITTER_CODES = {0: "brightness", 1: "contrast", 2: "saturation", 3: "hue"}  # augment.sample_params' jitter_order
+GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights (ITU-R 601-2)
 
 
 class TorchPreprocess:
-    """torchvision on the CPU: the reference. Stateless, so it crosses into DataLoader workers as is."""
+    """torchvision's float ops on 3 x S x S tensors in [0, 1]: the reference (augment.apply_view). Stateless, so it
+    crosses into DataLoader workers as is."""
 
     name = "torch"
+    pixels = "float"  # what its ops take and return: float tensors (augment.apply_view makes its views)
 
     def color_jitter(self, x: torch.Tensor, order, brightness: float, contrast: float, saturation: float,
                      hue: float) -> torch.Tensor:
@@ -66,6 +76,96 @@ class TorchPreprocess:
 TORCH_PREPROCESS = TorchPreprocess()
 
 
+def shift_hue(rgb: np.ndarray, shift: float) -> np.ndarray:
+    """torchvision's adjust_hue (RGB -> HSV, rotate by `shift` turns, back) on a uint8 H x W x 3 array, in int16.
+    Pillow's HSV mode (torchvision's PIL path) rounds hue, saturation and value to 8 bits each way, up to 12 levels
+    off the float result; here a pixel's hue stays a position round the hexagon in units of its chroma
+    d = max - min, an integer, and only the shift, 6 d * shift, is rounded: within half a level of the float
+    result. A channel comes out as min + clamp(dist - d, 0, d), dist the distance round the hexagon (6 d long)
+    from where that channel is lowest: 3 d for red, 5 d for green, d for blue."""
+    r, g, b = rgb.transpose(2, 0, 1).astype(np.int16)
+    hi = np.maximum(np.maximum(r, g), b)
+    lo = np.minimum(np.minimum(r, g), b)
+    d = hi - lo
+    # hue in units of d: red largest -> g - b, green -> 2d + b - r, blue -> 4d + r - g; ties pick red, then green,
+    # as torchvision does (grey pixels have d = 0, and any hue gives them back)
+    pos = np.where(r == hi, g - b, np.where(g == hi, 2 * d + b - r, 4 * d + r - g))
+    pos += np.rint(np.arange(256) * ((6.0 * shift) % 6.0)).astype(np.int16)[d]  # the shift, per chroma value
+    six = 6 * d
+    np.add(pos, six, out=pos, where=pos < 0)  # pos was in [-d, 11 d): now in [0, 6 d)
+    np.subtract(pos, six, out=pos, where=pos >= six)
+    pos -= 3 * d  # in [-3 d, 3 d): the distance from red's lowest point is |pos|
+    green = np.abs(pos - 2 * d)
+    np.minimum(green, six - green, out=green)  # round the hexagon, whichever way is shorter
+    blue = np.abs(pos + 2 * d)
+    np.minimum(blue, six - blue, out=blue)
+    out = np.empty(rgb.shape, np.uint8)
+    below = lo - d
+    for c, dist in enumerate((np.abs(pos), green, blue)):
+        dist += below  # min + clamp(dist - d, 0, d) = clamp(dist + min - d, min, max)
+        np.maximum(dist, lo, out=dist)
+        np.minimum(dist, hi, out=dist)
+        out[..., c] = dist
+    return out
+
+
+def blur_kernel(kernel_size: int, sigma: float) -> np.ndarray:
+    """torchvision's Gaussian kernel (kernel_size taps, renormalised) less the taps beyond 4 sigma, whose weight
+    (< 7e-5 of the whole) cannot move a uint8 level: a 23-tap kernel at sigma 0.5 has 5 taps that matter."""
+    half = min(kernel_size // 2, math.ceil(4 * sigma))
+    x = np.arange(-half, half + 1) / sigma
+    w = np.exp(-0.5 * x * x)
+    return (w / w.sum()).astype(np.float32)
+
+
+class PilPreprocess:
+    """The same transforms on uint8 PIL images, for the training path (augment.uint8_view). Brightness, contrast,
+    saturation and grayscale are affine maps of a pixel's RGB (contrast's offset from the image's mean grey, exact
+    from its histogram), and Pillow's convert(matrix) applies one in a single C pass with rounding and clipping:
+    torchvision's float result on the same input, rounded. Hue: shift_hue. Blur: torchvision's separable kernel
+    with reflected borders, by scipy's correlate1d in float32 (one C pass per axis), rounded once: as exact as
+    Pillow's GaussianBlur (three box passes, edge pixels repeated: up to 40 levels off at the borders) and no
+    slower. Stateless, so it crosses into DataLoader workers as is."""
+
+    name = "torch"  # the --preprocess choice: the pixel work stays in the CPU workers
+    pixels = "uint8"  # what its ops take and return: RGB (or, after grayscale, L) PIL images
+
+    def color_jitter(self, im: Image.Image, order, brightness: float, contrast: float, saturation: float,
+                     hue: float) -> Image.Image:
+        """The four jitter ops in `order` (codes as JITTER_CODES), as torchvision's ColorJitter applies them."""
+        for op in order:
+            if op == 3:
+                im = Image.fromarray(shift_hue(np.asarray(im), hue))
+                continue
+            f, offset, grey = brightness, 0.0, 0.0  # out_c = f * x_c + grey * gray(x) + offset
+            if op == 1:
+                sums = np.asarray(im.histogram(), np.float64).reshape(3, 256) @ np.arange(256)
+                f, offset = contrast, (1 - contrast) * float(np.dot(GRAY, sums)) / (im.width * im.height)
+            elif op == 2:
+                f, grey = saturation, 1 - saturation
+            im = im.convert("RGB", (f + grey * GRAY[0], grey * GRAY[1], grey * GRAY[2], offset,
+                                    grey * GRAY[0], f + grey * GRAY[1], grey * GRAY[2], offset,
+                                    grey * GRAY[0], grey * GRAY[1], f + grey * GRAY[2], offset))
+        return im
+
+    def grayscale(self, im: Image.Image) -> Image.Image:
+        """One channel ("L"): the later ops do a third of the work, and the view is three copies of it."""
+        return im.convert("L", (*GRAY, 0.0))
+
+    def gaussian_blur(self, im: Image.Image, kernel_size: int, sigma: float) -> Image.Image:
+        w = blur_kernel(kernel_size, sigma)
+        x = ndimage.correlate1d(np.asarray(im), w, axis=0, mode="mirror", output=np.float32)  # mirror: torch's reflect
+        x = ndimage.correlate1d(x, w, axis=1, mode="mirror")
+        x += 0.5  # then truncation: rounding
+        return Image.fromarray(x.astype(np.uint8))
+
+    def resize_normalize(self, pixels: torch.Tensor, size: int) -> torch.Tensor:
+        return TORCH_PREPROCESS.resize_normalize(pixels, size)
+
+
+PIL_PREPROCESS = PilPreprocess()
+
+
 class CoreMLPreprocess:
     """The same transforms as Core ML models for images of one side, through export.coreml_runtime.
 
@@ -74,6 +174,7 @@ class CoreMLPreprocess:
     (compiles) its models once, on first use; pickling drops them."""
 
     name = "coreml"
+    pixels = "float"
 
     def __init__(self, size: int, cache_root=None, compute_units: str = COMPUTE_UNITS):
         from export import preprocess_models as models
@@ -150,7 +251,7 @@ class CoreMLPreprocess:
 
 # name -> factory(view size, cache_root) of a backend
 BACKENDS = {
-    "torch": lambda size, cache_root=None: TORCH_PREPROCESS,
+    "torch": lambda size, cache_root=None: PIL_PREPROCESS,
     "coreml": CoreMLPreprocess,
 }
 
@@ -218,6 +319,8 @@ def time_per_image(choice: str, method: str, size: int, store_size: int, images:
     backend = make_backend(name, size, cache_root)
     g = torch.Generator().manual_seed(seed)
     views = torch.rand(images, 3, size, size, generator=g)
+    if backend.pixels == "uint8":  # the ops of a uint8 backend take PIL images
+        views = [Image.fromarray((v * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()) for v in views]
     pixels = torch.randint(0, 256, (images, 3, store_size, store_size), dtype=torch.uint8, generator=g)
     p = augment.sample_params(images, augment.RECIPES["simclr"][0], store_size, np.random.default_rng(seed))
     k = augment.blur_kernel_size(size)

@@ -256,7 +256,6 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
         say = lambda *a, **k: None  # noqa: E731  rank 0 alone talks and writes
     recipe, recipe_why = chosen_recipe(cfg)
     cfg = dataclasses.replace(cfg, recipe=recipe)  # config.yaml and the checkpoint record the recipe that ran
-    say(f"recipe {recipe} ({recipe_why}): {recipes.RECIPES[recipe][cfg.method].source}")
     if cfg.batch_size % world:
         raise PipelineError(f"batch size {cfg.batch_size} does not split over {world} processes: use a multiple of {world}")
     seed_everything(cfg.seed)
@@ -336,6 +335,8 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     stop_at = min(total_steps, cfg.max_steps) if cfg.max_steps > 0 else total_steps
     views = recipes.views_for(recipe, cfg.method, cfg.image_size)
     workers = default_workers(cfg.num_workers)
+    # said with the setup line, after every check: a refused run prints its one error line and nothing else
+    say(f"recipe {recipe} ({recipe_why}): {recipes.RECIPES[recipe][cfg.method].source}")
     say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(train_images)} train images, "
         f"{steps_per_epoch} steps/epoch, {total_steps} steps, device {device} x {world}, augment {mode}, "
         f"preprocess {pre_note}, channels_last {training.channels_last}, CUDA graphs {training.cuda_graphs}, "

@@ -47,3 +47,136 @@ def test_blur_is_off_for_small_images_only():
     assert augment.recipes_for("simclr", 32)[0].blur_p == 0.0
     assert augment.recipes_for("simclr", 96)[0].blur_p == 0.5
     assert augment.blur_kernel_size(224) == 23
+
+
+# ---- issue 17: the uint8 training path (augment.uint8_view, preprocess.PilPreprocess) against the float reference
+
+import itertools  # noqa: E402
+
+import pytest  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from stages import preprocess  # noqa: E402
+
+LEVEL = 1 / 255
+REF, U8 = preprocess.TORCH_PREPROCESS, preprocess.PIL_PREPROCESS
+
+
+def _pil(x: torch.Tensor) -> Image.Image:
+    return Image.fromarray(x.permute(1, 2, 0).numpy()) if x.shape[0] == 3 else Image.fromarray(x[0].numpy())
+
+
+def _levels(im: Image.Image) -> torch.Tensor:
+    """A PIL image as float 3 x H x W (or 1 x H x W for "L") in [0, 1]."""
+    a = torch.from_numpy(np.array(im)).float() / 255
+    return a.permute(2, 0, 1) if a.dim() == 3 else a[None]
+
+
+@pytest.mark.parametrize("recipe,src", [(augment.ViewRecipe(), 40), (augment.RECIPES["simclr"][0], 256),
+                                        (augment.RECIPES["byol"][1], 9), (augment.ViewRecipe(crop_scale=(0.9, 1)), 3)])
+def test_sample_row_draws_what_sample_params_draws(recipe, src):
+    """The per-image path's scalar draws are sample_params' one-row draws, number for number (tiny sources
+    exercise the crop's fallback to the whole image)."""
+    for seed in range(300):
+        row = augment.sample_row(recipe, src, np.random.default_rng(seed))
+        p = augment.sample_params(1, recipe, src, np.random.default_rng(seed))
+        for k, v in augment.row_params(row).items():
+            assert torch.equal(v.reshape(p[k].shape).to(p[k].dtype), p[k]), (seed, k, v, p[k])
+        g = np.random.default_rng(seed)
+        augment.sample_row(recipe, src, g)
+        assert g.random() == np.random.default_rng(seed).random(augment.ROW_DRAWS + 1)[-1]  # the stream goes on alike
+
+
+def test_each_uint8_op_is_the_reference_op_rounded():
+    """On the same uint8 input, each PilPreprocess op is within half a level of torchvision's float op (hue: the
+    shift is rounded once more, still within half a level; grey and tied pixels included)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (3, 37, 41), dtype=torch.uint8, generator=g)
+    x[:, :3] = x[:1, :3]  # grey rows
+    x[1, 5:8] = x[0, 5:8]  # red and green tie
+    im, xf = _pil(x), x.float() / 255
+    tol = 0.5 * LEVEL + 1e-5
+    for b, c, s, h in [(1.7, 0.3, 1.8, 0.2), (0.2, 1.8, 0.1, -0.2), (1.0, 1.0, 1.0, 0.5), (0.9, 1.1, 0.5, -0.5)]:
+        for order in ([0], [1], [2], [3]):
+            got = _levels(U8.color_jitter(im, order, b, c, s, h))
+            torch.testing.assert_close(got, REF.color_jitter(xf, order, b, c, s, h), atol=tol, rtol=0)
+    torch.testing.assert_close(_levels(U8.grayscale(im)), REF.grayscale(xf)[:1], atol=tol, rtol=0)
+    for k, sigma in [(3, 0.1), (5, 2.0), (9, 0.7), (23, 1.9), (23, 0.3)]:
+        torch.testing.assert_close(_levels(U8.gaussian_blur(im, k, sigma)), REF.gaussian_blur(xf, k, sigma),
+                                   atol=tol, rtol=0)
+        grey = U8.grayscale(im)  # a grayscale view is blurred as one channel
+        torch.testing.assert_close(_levels(U8.gaussian_blur(grey, k, sigma)),
+                                   REF.gaussian_blur(_levels(grey), k, sigma), atol=tol, rtol=0)
+
+
+def test_all_24_jitter_orders_of_the_uint8_path_follow_the_order():
+    """Four ops, each rounded: within a few levels of the float chain in every order, and far from the chain of
+    any order whose result differs (some pairs commute: those cannot tell)."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randint(0, 256, (3, 20, 20), dtype=torch.uint8, generator=g)
+    factors = (0.6, 1.7, 1.6, 0.3)
+    orders = list(itertools.permutations(range(4)))
+    refs = {o: REF.color_jitter(x.float() / 255, list(o), *factors) for o in orders}
+    told = 0
+    for o in orders:
+        got = _levels(U8.color_jitter(_pil(x), list(o), *factors))
+        assert (got - refs[o]).abs().max() <= 6 * LEVEL, o
+        for r in orders:
+            if (refs[r] - refs[o]).abs().max() > 12 * LEVEL:
+                assert (got - refs[r]).abs().max() > 6 * LEVEL, (o, r)
+                told += 1
+    assert told > len(orders) * (len(orders) - 1) // 2  # most pairs of orders differ
+
+
+def _views(recipe: augment.ViewRecipe, src: int, out: int, n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 3, src, src), dtype=torch.uint8, generator=g)
+    rows = [augment.sample_row(recipe, src, np.random.default_rng(seed * 1000 + i)) for i in range(n)]
+    got = torch.stack([augment.uint8_view(images[i], r, out) for i, r in enumerate(rows)]).float()
+    ref = torch.stack([augment.apply_view(images[i], augment.row_params(r), 0, out) for i, r in enumerate(rows)])
+    return got, (ref * 255).round()
+
+
+@pytest.mark.parametrize("method,src,out", [("simclr", 40, 32), ("simclr", 100, 96), ("byol", 72, 96), ("mocov3", 64, 64)])
+def test_uint8_views_match_the_float_reference(method, src, out):
+    """Whole views from the same rows: unbiased, within half a level on average; the worst pixel a few levels off
+    (each op rounds, and later ops scale an earlier rounding by their factors: up to 1.8 each)."""
+    for v, recipe in enumerate(augment.recipes_for(method, out)):
+        got, ref = _views(recipe, src, out, 16, seed=v)
+        d = got - ref
+        assert got.shape == ref.shape == (16, 3, out, out)
+        assert d.abs().mean() < 0.6 and abs(d.mean()) < 0.1 and d.abs().max() <= 16, (d.abs().mean(), d.mean(), d.abs().max())
+
+
+def test_every_op_forced_on_in_the_uint8_path():
+    """Flip, jitter, grey, blur and solarize on every view, tiny and whole crops; crop + resize alone within a level."""
+    for scale in ((0.01, 0.03), (1.0, 1.0)):
+        recipe = augment.ViewRecipe(crop_scale=scale, flip_p=1.0, jitter_p=1.0, gray_p=1.0, blur_p=1.0, solarize_p=1.0)
+        got, ref = _views(recipe, 80, 72, 10, seed=1)
+        assert (got - ref).abs().mean() < 0.6 and (got - ref).abs().max() <= 16
+        assert (got[:, 0] == got[:, 1]).all() and (got[:, 1] == got[:, 2]).all()  # grey views: three equal channels
+    crop_only = augment.ViewRecipe(flip_p=0.5, jitter_p=0.0, gray_p=0.0)
+    got, ref = _views(crop_only, 80, 72, 10, seed=2)
+    assert (got - ref).abs().max() <= 1
+
+
+def test_identity_row_gives_the_image_back_in_the_uint8_path():
+    img = torch.randint(0, 255, (3, 16, 16), dtype=torch.uint8)
+    recipe = augment.ViewRecipe(crop_scale=(1, 1), crop_ratio=(1, 1), flip_p=0, jitter_p=0, gray_p=0)
+    assert torch.equal(augment.uint8_view(img, augment.sample_row(recipe, 16, np.random.default_rng(0)), 16), img)
+    flip = augment.ViewRecipe(crop_scale=(1, 1), crop_ratio=(1, 1), flip_p=1, jitter_p=0, gray_p=0)
+    assert torch.equal(augment.uint8_view(img, augment.sample_row(flip, 16, np.random.default_rng(0)), 16), img.flip(-1))
+
+
+def test_dataset_draws_the_same_rows_for_uint8_and_float_backends():
+    """TwoViewDataset makes the views of a uint8 backend (the default) with uint8_view and a float one (Core ML,
+    or the reference) with apply_view, from the same rows: the two agree to the uint8 path's tolerance."""
+    imgs = torch.randint(0, 255, (4, 3, 40, 40), dtype=torch.uint8)
+    recipes = augment.recipes_for("byol", 96)
+    fast = augment.TwoViewDataset(imgs, recipes, 36, seed=3, epoch=1)
+    ref = augment.TwoViewDataset(imgs, recipes, 36, seed=3, epoch=1, preprocess=REF)
+    for i in range(4):
+        for a, b in zip(fast[i], ref[i]):
+            assert a.dtype == b.dtype == torch.uint8 and a.shape == b.shape == (3, 36, 36)
+            d = a.float() - b.float()
+            assert d.abs().mean() < 0.6 and d.abs().max() <= 16
