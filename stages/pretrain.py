@@ -265,7 +265,6 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     data = load_data(cfg.data, store_size_for(cfg), seed=cfg.seed)
     if data.skipped and main:
         rundir.write_text_atomic(run_dir / rundir.SKIPPED, "".join(f"{f}\t{why}\n" for f, why in data.skipped))
-        say(f"warning: skipped {len(data.skipped)} unreadable or non-image files (listed in {run_dir / rundir.SKIPPED})")
     split = make_split(data, cfg.val_fraction, cfg.seed)
     split_path = run_dir / rundir.SPLIT
     if resume and split_path.is_file():
@@ -300,10 +299,15 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
         scaler.load_state_dict(ckpt["scaler"])
         _set_rng_state(ckpt["rng"])
         step = ckpt["step"]
-        say(f"resuming {run_dir} at step {step} (epoch {step // steps_per_epoch})")
     elif main:
         rundir.write_json_atomic(split_path, split)
         (run_dir / rundir.METRICS).unlink(missing_ok=True)
+    # Said only now, after every check of the input above: a bad input's error stays the one line printed.
+    say(f"recipe {recipe} ({recipe_why}): {recipes.RECIPES[recipe][cfg.method].source}")
+    if data.skipped:
+        say(f"warning: skipped {len(data.skipped)} unreadable or non-image files (listed in {run_dir / rundir.SKIPPED})")
+    if resume:
+        say(f"resuming {run_dir} at step {step} (epoch {step // steps_per_epoch})")
     # The header states what the numbers below meant for this run (YAML ignores it when the file is read back).
     lr_rule = {"linear": f"x {cfg.batch_size}/256", "sqrt": f"x sqrt({cfg.batch_size}/256)", "none": "(unscaled)"}[cfg.lr_scaling]
     header = (f"# {world} process(es) x {cfg.batch_size // world} images per process = global batch {cfg.batch_size}; "
