@@ -339,8 +339,6 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
     stop_at = min(total_steps, cfg.max_steps) if cfg.max_steps > 0 else total_steps
     views = recipes.views_for(recipe, cfg.method, cfg.image_size)
     workers = default_workers(cfg.num_workers)
-    # said with the setup line, after every check: a refused run prints its one error line and nothing else
-    say(f"recipe {recipe} ({recipe_why}): {recipes.RECIPES[recipe][cfg.method].source}")
     say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(train_images)} train images, "
         f"{steps_per_epoch} steps/epoch, {total_steps} steps, device {device} x {world}, augment {mode}, "
         f"preprocess {pre_note}, channels_last {training.channels_last}, CUDA graphs {training.cuda_graphs}, "
