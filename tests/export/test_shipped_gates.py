@@ -1,0 +1,104 @@
+"""validate's gates as shipped (`ValidateConfig`'s defaults, what `pipeline validate` runs with): a tamper just
+beyond each gate fails on exactly that metric and the same tamper just within passes.
+
+test_parity.py checks the gate logic with its own copy of the thresholds and the stage tests use gross tampers
+(rel-L2 0.35-0.83), so a gate loosened 10-100x passed them all. Here every tamper sits within a factor 1.5-3 of its
+bound, and each case first checks that the metric really landed where it was aimed.
+"""
+
+import numpy as np
+import pytest
+
+from export import parity
+from pipeline.config import load_config
+from stages import validate
+
+
+def shipped_gates() -> dict[str, float]:
+    return validate.gates(load_config(validate.ValidateConfig))
+
+
+def _failures(ref, out, precision):
+    metrics = parity.compare(ref, out, load_config(validate.ValidateConfig).top_k)
+    return metrics, parity.gate_failures(metrics, precision, **shipped_gates())
+
+
+def _unit_rows(rng, n, d):
+    x = rng.standard_normal((n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)  # the encoder's features are L2-normalised
+
+
+def test_the_shipped_gates_are_the_documented_ones():
+    assert shipped_gates() == {"fp32_max_abs": 1e-4, "fp32_min_cosine": 0.99999, "fp16_max_rel_l2": 1e-2,
+                               "fp16_min_topk": 0.95}
+    assert load_config(validate.ValidateConfig).top_k == 10
+
+
+@pytest.mark.parametrize("error,passes", [(1.5e-4, False), (0.6e-4, True)])
+def test_fp32_max_abs_gate(error, passes):
+    ref = _unit_rows(np.random.default_rng(0), 16, 512)
+    out = ref.copy()
+    out[3, 7] += error  # one value off: cosine stays ~1 - 1e-8, only max abs can see it
+    metrics, fails = _failures(ref, out, "fp32")
+    assert metrics["max_abs"] == pytest.approx(error, rel=1e-6)
+    assert metrics["worst_cosine"] > 1 - 1e-7
+    assert fails == ([] if passes else [fails[0]]) and all(f.startswith("max_abs") for f in fails)
+
+
+@pytest.mark.parametrize("step,passes", [(9e-5, False), (3e-5, True)])
+def test_fp32_cosine_gate(step, passes):
+    """Every value of one image moved by +-step (within max abs 1e-4): over 8192 values the direction drifts by
+    1 - cos ~ 8192 step^2 / 2, i.e. 3.3e-5 (beyond 1e-5) or 3.7e-6 (within)."""
+    rng = np.random.default_rng(1)
+    ref = _unit_rows(rng, 8, 8192)
+    out = ref.copy()
+    out[5] += step * rng.choice([-1.0, 1.0], size=8192)
+    metrics, fails = _failures(ref, out, "fp32")
+    assert metrics["max_abs"] <= 1e-4 + 1e-12
+    if passes:
+        assert 0.99999 < metrics["worst_cosine"] < 0.999999 and fails == []
+    else:
+        assert 0.99995 < metrics["worst_cosine"] < 0.99999
+        assert len(fails) == 1 and fails[0].startswith("worst_cosine")
+
+
+@pytest.mark.parametrize("scale,passes", [(1.015, False), (1.006, True)])
+def test_fp16_rel_l2_gate(scale, passes):
+    """One image's features scaled: relative L2 = scale - 1, directions (and so every neighbour) unchanged."""
+    ref = _unit_rows(np.random.default_rng(2), 40, 64)
+    out = ref.copy()
+    out[11] *= scale
+    metrics, fails = _failures(ref, out, "fp16")
+    assert metrics["worst_rel_l2"] == pytest.approx(scale - 1, rel=1e-6)
+    assert metrics["topk_agreement"] == 1.0
+    assert fails == ([] if passes else [fails[0]]) and all(f.startswith("worst_rel_l2") for f in fails)
+
+
+@pytest.mark.parametrize("eps,passes", [(5e-3, False), (4e-3, True)])
+def test_fp16_topk_gate(eps, passes):
+    """Near-tied neighbours (40 features around one direction) with noise of relative size eps (within the
+    rel-L2 gate): a few neighbour lists change, and top-10 agreement lands just below or just above 0.95."""
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal(64)
+    ref = base + 0.05 * rng.standard_normal((40, 64))
+    ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+    noise = rng.standard_normal((40, 64))
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    metrics, fails = _failures(ref, ref + eps * noise, "fp16")
+    assert metrics["worst_rel_l2"] == pytest.approx(eps, rel=1e-6)
+    if passes:
+        assert 0.95 <= metrics["topk_agreement"] < 0.97 and fails == []
+    else:
+        assert 0.93 < metrics["topk_agreement"] < 0.95
+        assert len(fails) == 1 and fails[0].startswith("top10_agreement")
+
+
+def test_the_cli_runs_with_the_shipped_gates(tmp_path, monkeypatch):
+    """`pipeline validate` without gate flags hands the stage exactly these gates."""
+    from tests.cli_helpers import cli
+
+    seen = {}
+    monkeypatch.setattr(validate, "run", lambda cfg, run_dir, say: seen.update(validate.gates(cfg)))
+    res = cli("validate", "--run", tmp_path)
+    assert res.exit_code == 0, res.output
+    assert seen == shipped_gates()
