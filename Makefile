@@ -14,7 +14,7 @@ EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/cor
                 export/metadata.py
 VALIDATE_SRC := stages/validate.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
 
-.PHONY: all install test clean-run
+.PHONY: all install test clean-run mutation
 all: $(RUN)/validate/parity.json
 	@$(BIN)/pipeline show --run $(RUN)
 
@@ -47,6 +47,16 @@ $(RUN)/validate/parity.json: $(RUN)/export/encoder.json $(VALIDATE_SRC)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 tests
+
+# Mutation testing of the critical modules (README "Tests"), not part of `make test`: mutmut mutates one function at a
+# time and runs the tests that reach it. Narrow it with e.g. `make mutation MUTANTS='stages.knn.*'`.
+MUTANTS ?= stages.methods.* stages.knn.* stages.linear_eval.* export.parity.* stages.validate.x_gate* \
+           stages.validate.x_check* export.encoder.* stages.augment.* stages.device_augment.* \
+           stages.pretrain.x_validate* stages.pretrain.x_config_for_run* stages.pretrain.x_resolve* pipeline.config.*
+mutation: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,mutation]' 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/mutmut run $(foreach m,$(MUTANTS),'$(m)')
+	$(BIN)/python benchmarks/mutation_scores.py --survivors
 
 clean-run:
 	rm -rf $(RUN)
