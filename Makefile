@@ -50,9 +50,9 @@ test: $(STAMP)
 
 # Mutation testing of the critical modules (README "Tests"), not part of `make test`: mutmut mutates one function at a
 # time and runs the tests that reach it. Narrow it with e.g. `make mutation MUTANTS='stages.knn.*'`.
-MUTANTS ?= stages.methods.* stages.knn.* stages.linear_eval.* export.parity.* stages.validate.x_gate* \
-           stages.validate.x_check* export.encoder.* stages.augment.* stages.device_augment.* \
-           stages.pretrain.x_validate* stages.pretrain.x_config_for_run* stages.pretrain.x_resolve* pipeline.config.*
+MUTANTS ?= stages.knn.x_[kwt]* stages.knn.x_majority* export.parity.* stages.validate.x_gate* stages.validate.x_check* stages.linear_eval.x_probes* \
+           stages.methods.* export.encoder.* stages.pretrain.x_validate* stages.pretrain.x_config_for_run* \
+           stages.pretrain.x_resolve* pipeline.config.* stages.augment.* stages.device_augment.*
 mutation: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,mutation]' 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/mutmut run $(foreach m,$(MUTANTS),'$(m)')

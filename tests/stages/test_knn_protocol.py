@@ -89,3 +89,10 @@ def test_knn_scores_are_the_hand_counted_votes(chunk):
     torch.testing.assert_close(weighted.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-4, atol=0)
     majority = knn.knn_scores(bank, torch.from_numpy(labels), queries, 3, 20, None, chunk=chunk)
     assert majority.tolist() == [[3, 17, 0]] * 3 + [[3, 17, 0]]
+
+
+def test_topk_accuracy_is_top1_unless_told():
+    scores = torch.tensor([[0.1, 0.9, 0.0], [0.8, 0.15, 0.05]])  # row 1's label is its second-best class
+    labels = torch.tensor([1, 1])
+    assert knn.topk_accuracy(scores, labels) == knn.topk_accuracy(scores, labels, 1) == 0.5
+    assert knn.topk_accuracy(scores, labels, 2) == 1.0
