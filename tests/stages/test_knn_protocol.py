@@ -96,3 +96,10 @@ def test_topk_accuracy_is_top1_unless_told():
     labels = torch.tensor([1, 1])
     assert knn.topk_accuracy(scores, labels) == knn.topk_accuracy(scores, labels, 1) == 0.5
     assert knn.topk_accuracy(scores, labels, 2) == 1.0
+
+
+def test_no_queries_give_an_empty_score_table():
+    bank, labels, _, _ = bank_and_queries()
+    for t in (0.1, None):
+        scores = knn.knn_scores(bank, torch.from_numpy(labels), torch.zeros(0, DIM), 3, 200, t)
+        assert scores.shape == (0, 3) and scores.dtype == torch.float32
