@@ -102,3 +102,42 @@ def test_the_cli_runs_with_the_shipped_gates(tmp_path, monkeypatch):
     res = cli("validate", "--run", tmp_path)
     assert res.exit_code == 0, res.output
     assert seen == shipped_gates()
+
+
+@pytest.mark.parametrize("fmt,declared,actual,runtime,expected", [
+    ("mlmodel", "fp32", "fp32", "coreml ALL", "fp16"),  # the GPU/Neural Engine computes NeuralNetworks in fp16
+    ("mlmodel", "fp32", "fp32", "coreml CPU_ONLY", "fp32"),
+    ("mlmodel", "fp16", None, "nn-eval (fp16 activations)", "fp16"),
+    ("mlpackage", "fp16", "fp32", "mil-eval", "fp32"),  # the file computes in fp32: no fp16 slack
+    ("mlpackage", "fp32", "fp16", "mil-eval", "fp32"),  # the sidecar promised fp32
+    ("mlpackage", "fp16", "fp16", "mil-eval", "fp16"),
+    ("onnx", "fp32", None, "onnxruntime (CPU)", "fp32"),
+    ("onnx", "fp16", None, "onnxruntime (CPU)", "fp16"),
+])
+def test_which_gates_an_artifact_gets(fmt, declared, actual, runtime, expected):
+    assert validate.gate_precision(fmt, declared, actual, runtime) == expected
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"max_images": 0}, "--max-images must be >= 1"),
+    ({"top_k": 0}, "--top-k must be >= 1"),
+    ({"fp32_max_abs": -1e-9}, "--fp32-max-abs and --fp16-max-rel-l2 must be >= 0"),
+    ({"fp16_max_rel_l2": -1e-9}, "--fp32-max-abs and --fp16-max-rel-l2 must be >= 0"),
+    ({"fp32_min_cosine": 1.0001}, "--fp32-min-cosine and --fp16-min-topk must be in [0, 1]"),
+    ({"fp32_min_cosine": -0.1}, "--fp32-min-cosine and --fp16-min-topk must be in [0, 1]"),
+    ({"fp16_min_topk": 1.5}, "--fp32-min-cosine and --fp16-min-topk must be in [0, 1]"),
+    ({"fp16_min_topk": -0.5}, "--fp32-min-cosine and --fp16-min-topk must be in [0, 1]"),
+])
+def test_impossible_gates_are_refused(over, needle):
+    from pipeline.errors import PipelineError
+
+    with pytest.raises(PipelineError) as err:
+        validate.check(load_config(validate.ValidateConfig, None, over))
+    assert str(err.value).startswith(needle)
+
+
+@pytest.mark.parametrize("over", [{}, {"max_images": 1, "top_k": 1}, {"fp32_max_abs": 0.0, "fp16_max_rel_l2": 0.0},
+                                  {"fp32_min_cosine": 0.0, "fp16_min_topk": 0.0},
+                                  {"fp32_min_cosine": 1.0, "fp16_min_topk": 1.0}])
+def test_gates_on_their_bounds_are_accepted(over):
+    validate.check(load_config(validate.ValidateConfig, None, over))
