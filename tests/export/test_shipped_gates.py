@@ -141,3 +141,8 @@ def test_impossible_gates_are_refused(over, needle):
                                   {"fp32_min_cosine": 1.0, "fp16_min_topk": 1.0}])
 def test_gates_on_their_bounds_are_accepted(over):
     validate.check(load_config(validate.ValidateConfig, None, over))
+
+
+def test_an_unknown_precision_is_a_programming_error_naming_it():
+    with pytest.raises(ValueError, match=r"precision must be one of \('fp32', 'fp16'\), got 'int8'"):
+        parity.gate_failures({"max_abs": 0.0}, "int8", **shipped_gates())
