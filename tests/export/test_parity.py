@@ -145,3 +145,18 @@ def test_errors_name_the_shapes_and_the_count():
     bad = np.ones((3, 4))
     bad[0, 1], bad[2, 3] = np.nan, np.inf
     assert parity.compare(np.ones((3, 4)), bad) == {"error": "2 non-finite values in the output"}
+
+
+def test_zero_rows_without_warnings():
+    """An all-zero feature row (a dead ReLU output): equal zeros are a match, a zero on one side is the worst
+    cosine and an infinite (or 1.0) relative error; no division warning escapes."""
+    import warnings
+
+    ref = np.array([[0.0, 0.0], [0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    out = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = parity.per_image(ref, out)
+    assert m["cosine"].tolist() == pytest.approx([1.0, 0.0, 0.0, 1.0])
+    assert m["rel_l2"].tolist() == [0.0, math.inf, 1.0, 0.0]
+    assert m["max_abs"].tolist() == [0.0, 1.0, 4.0, 0.0]

@@ -146,3 +146,14 @@ def test_gates_on_their_bounds_are_accepted(over):
 def test_an_unknown_precision_is_a_programming_error_naming_it():
     with pytest.raises(ValueError, match=r"precision must be one of \('fp32', 'fp16'\), got 'int8'"):
         parity.gate_failures({"max_abs": 0.0}, "int8", **shipped_gates())
+
+
+def test_a_metric_exactly_on_its_gate_passes():
+    on = {"max_abs": 1e-4, "worst_cosine": 0.99999, "worst_rel_l2": 1e-2, "topk_agreement": 0.95, "top_k": 10}
+    assert parity.gate_failures(on, "fp32", **shipped_gates()) == []
+    assert parity.gate_failures(on, "fp16", **shipped_gates()) == []
+
+
+def test_fp16_needs_two_images_to_rank():
+    one = parity.compare(np.ones((1, 4)), np.ones((1, 4)))
+    assert parity.gate_failures(one, "fp16", **shipped_gates()) == ["top-k agreement needs at least 2 images"]
