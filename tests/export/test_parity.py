@@ -160,3 +160,13 @@ def test_zero_rows_without_warnings():
     assert m["cosine"].tolist() == pytest.approx([1.0, 0.0, 0.0, 1.0])
     assert m["rel_l2"].tolist() == [0.0, math.inf, 1.0, 0.0]
     assert m["max_abs"].tolist() == [0.0, 1.0, 4.0, 0.0]
+
+
+def test_neighbour_ties_go_to_the_lower_index_and_zero_rows_tie_with_everything():
+    """40 equal features: every other row ties, so each query's neighbours are the lowest other indices (a
+    quicksort would shuffle them). A zero row is similar (0) to every row, so it is never nearer than a real match."""
+    same = np.ones((40, 4))
+    expected = [[j for j in range(40) if j != i][:10] for i in range(40)]
+    assert parity.neighbours(same, 10).tolist() == expected
+    feats = np.array([[1.0, 0.0], [0.0, 0.0], [2.0, 0.1], [0.0, 1.0]])
+    assert parity.neighbours(feats, 3).tolist() == [[2, 1, 3], [0, 2, 3], [0, 3, 1], [2, 0, 1]]
