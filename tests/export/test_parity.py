@@ -170,3 +170,27 @@ def test_neighbour_ties_go_to_the_lower_index_and_zero_rows_tie_with_everything(
     assert parity.neighbours(same, 10).tolist() == expected
     feats = np.array([[1.0, 0.0], [0.0, 0.0], [2.0, 0.1], [0.0, 1.0]])
     assert parity.neighbours(feats, 3).tolist() == [[2, 1, 3], [0, 2, 3], [0, 3, 1], [2, 0, 1]]
+
+
+def test_two_images_are_each_others_only_neighbour():
+    ref = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert parity.topk_agreement(ref, ref, 10) == 1.0
+    m = parity.compare(ref, ref)
+    assert m["top_k"] == 1 and m["topk_agreement"] == 1.0
+
+
+def test_any_output_layout_and_dtype_is_compared_as_float64_rows():
+    """N x D x 1 x 1 (a conv head) is N rows of D; float32 features are measured in float64, not in their own
+    precision (which would round the very errors being measured)."""
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((6, 300)).astype(np.float32)
+    out = (ref + 1e-4 * rng.standard_normal(ref.shape)).astype(np.float32)
+    flat = parity.compare(ref.astype(np.float64), out.astype(np.float64))
+    assert parity.compare(ref, out) == flat
+    assert parity.compare(ref.reshape(6, 300, 1, 1), out.reshape(6, 300, 1, 1)) == flat
+    assert parity.compare(ref.reshape(6, 3, 10, 10), out.reshape(6, 3, 10, 10)) == flat
+
+
+def test_features_of_width_zero():
+    m = parity.per_image(np.zeros((3, 0)), np.zeros((3, 0)))
+    assert m["max_abs"].tolist() == [0.0, 0.0, 0.0] and m["cosine"].tolist() == [1.0, 1.0, 1.0]
