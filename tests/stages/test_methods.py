@@ -174,3 +174,24 @@ def test_half_precision_backbone_feeds_fp32_heads(name):
     loss = model(x1, x2, Precision("cpu", torch.bfloat16, None))
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, reference, rtol=0.05, atol=0.05)
+
+
+def _layers(seq):
+    return [(type(m).__name__, getattr(m, "out_features", None), getattr(m, "affine", None)) for m in seq]
+
+
+def test_heads_are_the_papers_mlps():
+    """SimCLR and BYOL: Linear-BN-ReLU-Linear (2 layers); MoCo v3: a 3-layer projector and a 2-layer predictor,
+    each ending in a BN without affine parameters. Hidden sizes and output sizes as configured."""
+    lin, bn, relu = "Linear", "BatchNorm1d", "ReLU"
+    two = [(lin, 32, None), (bn, None, True), (relu, None, None), (lin, 16, None)]
+    simclr, _ = _tiny_method("simclr")
+    assert _layers(simclr.projector) == two
+    byol, _ = _tiny_method("byol")
+    assert _layers(byol.projector) == _layers(byol.predictor) == _layers(byol.target_projector) == two
+    assert byol.projector[-1].bias is not None
+    moco, _ = _tiny_method("mocov3")
+    assert _layers(moco.projector) == [(lin, 32, None), (bn, None, True), (relu, None, None), (lin, 32, None),
+                                       (bn, None, True), (relu, None, None), (lin, 16, None), (bn, None, False)]
+    assert _layers(moco.predictor) == [(lin, 32, None), (bn, None, True), (relu, None, None), (lin, 16, None), (bn, None, False)]
+    assert all(m.bias is None for m in moco.projector if isinstance(m, torch.nn.Linear))
