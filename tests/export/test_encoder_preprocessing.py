@@ -73,3 +73,22 @@ def test_training_normalises_pixels_the_same_way():
     pixels = _pixels()
     expected = (pixels.float() / 255 - IMAGENET_MEAN) / IMAGENET_STD
     torch.testing.assert_close(augment.normalize(pixels, torch.device("cpu")), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_encoder_pt_decides_l2_unless_the_caller_does():
+    """`pipeline strip --no-l2-normalize` records l2_normalize False; an encoder.pt without the key (older) is
+    L2-normalised; an explicit argument overrides the file either way."""
+    from export.encoder import encoder_from_state
+
+    backbone, _ = build_backbone("resnet18", small_stem=True)
+    state = {"backbone": "resnet18", "small_stem": True, "state_dict": backbone.state_dict(), "mean": augment.MEAN,
+             "std": augment.STD}
+    backbone.eval()
+    pixels = _pixels()
+    raw, unit = _by_hand(backbone, pixels, l2=False), _by_hand(backbone, pixels)
+    cases = [({"l2_normalize": False}, None, raw), ({}, None, unit), ({"l2_normalize": True}, None, unit),
+             ({"l2_normalize": False}, True, unit), ({"l2_normalize": True}, False, raw)]
+    for extra, override, expected in cases:
+        with torch.no_grad():
+            got = encoder_from_state({**state, **extra}, override)(pixels.float())
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=f"{extra} {override}")
