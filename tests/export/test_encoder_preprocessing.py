@@ -6,6 +6,7 @@ validate proves each artifact equals encoder.pt and test_strip compares `encoder
 what encoder.pt does to pixels before its backbone.
 """
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -92,3 +93,33 @@ def test_encoder_pt_decides_l2_unless_the_caller_does():
         with torch.no_grad():
             got = encoder_from_state({**state, **extra}, override)(pixels.float())
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=f"{extra} {override}")
+
+
+def test_encoder_defaults_to_l2_and_keeps_a_zero_feature_finite():
+    class Zeros(torch.nn.Module):
+        def forward(self, x):
+            return torch.zeros(x.shape[0], 8)
+
+    backbone, _ = build_backbone("resnet18", small_stem=True)
+    backbone.eval()
+    with torch.no_grad():
+        out = Encoder(backbone, augment.MEAN, augment.STD)(_pixels().float())
+        zero = Encoder(Zeros(), augment.MEAN, augment.STD)(_pixels().float())
+    torch.testing.assert_close(out.norm(dim=1), torch.ones(len(out)))
+    assert torch.equal(zero, torch.zeros_like(zero))  # the eps keeps 0 / |0| finite
+
+
+def test_load_encoder_bad_files_are_one_line_errors(tmp_path):
+    from pipeline.errors import PipelineError
+
+    with pytest.raises(PipelineError, match="no stripped encoder at .*nope.pt: run `pipeline strip` first"):
+        load_encoder(tmp_path / "nope.pt")
+    (tmp_path / "cut.pt").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(PipelineError, match=r"cut.pt is unreadable or truncated \(\w+\): re-run `pipeline strip`"):
+        load_encoder(tmp_path / "cut.pt")
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(PipelineError, match="other.pt is not an encoder written by `pipeline strip`"):
+        load_encoder(tmp_path / "other.pt")
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(PipelineError, match="list.pt is not an encoder written by `pipeline strip`"):
+        load_encoder(tmp_path / "list.pt")
