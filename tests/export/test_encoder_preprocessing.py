@@ -123,3 +123,18 @@ def test_load_encoder_bad_files_are_one_line_errors(tmp_path):
     torch.save([1, 2], tmp_path / "list.pt")
     with pytest.raises(PipelineError, match="list.pt is not an encoder written by `pipeline strip`"):
         load_encoder(tmp_path / "list.pt")
+
+
+def test_load_encoder_needs_both_keys_and_passes_the_l2_choice_on(tmp_path):
+    from pipeline.errors import PipelineError
+
+    torch.save({"backbone": "resnet18"}, tmp_path / "half.pt")
+    with pytest.raises(PipelineError, match="half.pt is not an encoder written by `pipeline strip`"):
+        load_encoder(tmp_path / "half.pt")
+    backbone, _ = build_backbone("resnet18", small_stem=True)
+    torch.save({"backbone": "resnet18", "small_stem": True, "state_dict": backbone.state_dict(), "mean": augment.MEAN,
+                "std": augment.STD, "l2_normalize": True}, tmp_path / "enc.pt")
+    backbone.eval()
+    raw, _ = load_encoder(tmp_path / "enc.pt", l2_normalize=False)
+    with torch.no_grad():
+        torch.testing.assert_close(raw(_pixels().float()), _by_hand(backbone, _pixels(), l2=False), rtol=1e-4, atol=1e-5)
