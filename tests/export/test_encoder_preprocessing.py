@@ -115,8 +115,9 @@ def test_load_encoder_bad_files_are_one_line_errors(tmp_path):
     with pytest.raises(PipelineError, match="no stripped encoder at .*nope.pt: run `pipeline strip` first"):
         load_encoder(tmp_path / "nope.pt")
     (tmp_path / "cut.pt").write_bytes(b"PK\x03\x04 truncated")
-    with pytest.raises(PipelineError, match=r"cut.pt is unreadable or truncated \(\w+\): re-run `pipeline strip`"):
+    with pytest.raises(PipelineError, match=r"cut.pt is unreadable or truncated \(\w+\): re-run `pipeline strip`") as e:
         load_encoder(tmp_path / "cut.pt")
+    assert "(NoneType)" not in str(e.value)  # it names the loader's exception
     torch.save({"state_dict": {}}, tmp_path / "other.pt")
     with pytest.raises(PipelineError, match="other.pt is not an encoder written by `pipeline strip`"):
         load_encoder(tmp_path / "other.pt")
