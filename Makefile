@@ -15,11 +15,6 @@ EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/cor
 VALIDATE_SRC := stages/validate.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
 REPORT_SRC   := stages/report.py stages/report_figures.py
 
-# the toolchain's usual place, for a shell that starts without /opt/swift on PATH
-SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
-
-.PHONY: all install test clean-run swift-fixtures browser
-all: $(RUN)/report.html
 	@$(BIN)/pipeline show --run $(RUN)
 
 install: $(STAMP)
@@ -69,6 +64,16 @@ browser:
 	@if command -v chromedriver >/dev/null && { command -v chromium >/dev/null || command -v chromium-browser >/dev/null; }; then :; \
 	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "note: chromium/chromedriver missing and not root: the report's browser test will be skipped"; fi
+
+# Mutation testing of the critical modules (README "Tests"), not part of `make test`: mutmut mutates one function at a
+# time and runs the tests that reach it. Narrow it with e.g. `make mutation MUTANTS='stages.knn.*'`.
+MUTANTS ?= stages.knn.x_[kwt]* stages.knn.x_majority* export.parity.* stages.validate.x_gate* stages.validate.x_check* stages.linear_eval.x_probes* \
+           stages.methods.* export.encoder.* stages.pretrain.x_validate* stages.pretrain.x_config_for_run* \
+           stages.pretrain.x_resolve* pipeline.config.* stages.augment.* stages.device_augment.*
+mutation: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,mutation]' 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/mutmut run $(foreach m,$(MUTANTS),'$(m)')
+	$(BIN)/python benchmarks/mutation_scores.py --survivors
 
 clean-run:
 	rm -rf $(RUN)

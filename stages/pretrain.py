@@ -54,7 +54,23 @@ def resolve(cfg: PretrainConfig) -> PretrainConfig:
     return PretrainConfig(**filled)
 
 
+# Bounds of the numeric options (None = the method's default, always valid): a value outside them would train on
+# nonsense (a negative rate ascends the loss, a momentum above 1 extrapolates) instead of stopping with its name.
+BOUNDS = {  # key: (lowest, highest, whether the lowest itself is allowed)
+    "lr": (0.0, math.inf, False), "temperature": (0.0, math.inf, False), "weight_decay": (0.0, math.inf, True),
+    "momentum_base": (0.0, 1.0, True), "warmup_epochs": (0.0, math.inf, True),
+    "proj_dim": (1, math.inf, True), "proj_hidden_dim": (1, math.inf, True), "pred_hidden_dim": (1, math.inf, True),
+    "queue_size": (0, math.inf, True), "max_steps": (0, math.inf, True), "log_every": (1, math.inf, True),
+    "save_every": (0, math.inf, True), "knn_every": (0, math.inf, True), "num_workers": (-1, math.inf, True),
+}
+
+
 def validate(cfg: PretrainConfig) -> None:
+    for key, (lo, hi, lo_ok) in BOUNDS.items():
+        value = getattr(cfg, key)
+        if value is not None and not ((lo <= value if lo_ok else lo < value) and value <= hi):
+            bound = f"{'>=' if lo_ok else '>'} {lo:g}" + (f" and <= {hi:g}" if hi < math.inf else "")
+            raise PipelineError(f"`{key}` must be {bound}, got {value!r}")
     small = uses_small_stem(cfg.small_stem, cfg.image_size)
     lo = min_image_size(small)
     if not lo <= cfg.image_size <= 1024:
@@ -129,8 +145,11 @@ def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) ->
                     "proj_hidden_dim", "pred_hidden_dim", "queue_size", "val_fraction"):
             if getattr(cfg, key) is not None and getattr(old, key) is not None and getattr(cfg, key) != getattr(old, key):
                 raise PipelineError(f"--resume: `{key}` is {getattr(old, key)!r} in {saved}, cannot change it to {getattr(cfg, key)!r}")
-        return resolve(cfg)
-    return resolve(load_config(PretrainConfig, config_file, overrides))
+    else:
+        cfg = load_config(PretrainConfig, config_file, overrides)
+    cfg = resolve(cfg)
+    validate(cfg)  # a bad value fails here, before a process is launched or a file written
+    return cfg
 
 
 def use_channels_last(choice: str, device: torch.device) -> bool:

@@ -45,9 +45,9 @@ class BYOL(nn.Module):
                 z1, z2 = self.target_projector(ht).chunk(2)
         return byol_loss(p1, z2) + byol_loss(p2, z1)
 
-    @torch.no_grad()
     def after_step(self, progress: float) -> None:
-        """EMA of the target after each optimizer step; progress = finished steps / total steps."""
+        """EMA of the target after each optimizer step; progress = finished steps / total steps. (ema_update
+        runs under no_grad; no decorator here, which mutmut would skip.)"""
         self.momentum = cosine_momentum(self.momentum_base, progress)
         ema_update(self.target_backbone, self.backbone, self.momentum)
         ema_update(self.target_projector, self.projector, self.momentum)

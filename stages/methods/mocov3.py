@@ -46,14 +46,14 @@ class KeyQueue(nn.Module):
         self._full = False  # the loaded count decides again
         super()._load_from_state_dict(*args, **kwargs)
 
-    @torch.no_grad()
     def push(self, keys: torch.Tensor) -> None:
         size = self.buffer.shape[0]
-        keys = F.normalize(keys.detach().float(), dim=1)[-size:]
-        idx = (self.ptr + torch.arange(keys.shape[0], device=keys.device)) % size
-        self.buffer.index_copy_(0, idx, keys)
-        self.ptr.copy_((self.ptr + keys.shape[0]) % size)
-        self.filled.copy_(torch.clamp(self.filled + keys.shape[0], max=size))
+        with torch.no_grad():  # a block, not a decorator: mutmut (`make mutation`) skips decorated functions
+            keys = F.normalize(keys.detach().float(), dim=1)[-size:]
+            idx = (self.ptr + torch.arange(keys.shape[0], device=keys.device)) % size
+            self.buffer.index_copy_(0, idx, keys)
+            self.ptr.copy_((self.ptr + keys.shape[0]) % size)
+            self.filled.copy_(torch.clamp(self.filled + keys.shape[0], max=size))
 
     def keys(self) -> torch.Tensor:
         """The filled rows. Reading the count from the device waits for the GPU, so it is read only until the
@@ -102,8 +102,8 @@ class MoCoV3(nn.Module):
             self.queue.push(torch.cat([k1, k2]))  # all ranks' keys, so every rank's queue stays identical
         return loss
 
-    @torch.no_grad()
     def after_step(self, progress: float) -> None:
+        """As BYOL's: the momentum encoder's EMA (under no_grad in ema_update; no decorator, which mutmut skips)."""
         self.momentum = cosine_momentum(self.momentum_base, progress)
         ema_update(self.momentum_backbone, self.backbone, self.momentum)
         ema_update(self.momentum_projector, self.projector, self.momentum)

@@ -1,5 +1,7 @@
 """Parity metrics against naive loops, and the gates: what passes, what fails, and that the message names the metric."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -96,3 +98,99 @@ def test_rgb_bgr_swap_keeps_cosine_high_but_fails_the_gates():
     fp16 = parity.gate_failures(m, "fp16", **GATES)
     assert any(f.startswith("worst_rel_l2") for f in fp16), m
     assert parity.gate_failures(m, "fp32", **GATES)
+
+
+def test_every_field_of_the_report_by_hand():
+    """compare's whole report (what validate writes into parity.json), every field worked out by hand."""
+    ref = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0]])
+    out = np.array([[1.0, 0.0], [0.0, 2.2], [4.0, 3.0]])
+    # row 0 equal; row 1 scaled by 1.1 (cos 1, rel 0.1, max abs 0.2); row 2 swapped (cos 24/25, rel sqrt2/5, max abs 1)
+    m = parity.compare(ref, out, top_k=10)
+    assert m["images"] == 3
+    assert m["worst_cosine"] == pytest.approx(0.96)
+    assert m["mean_cosine"] == pytest.approx((1 + 1 + 0.96) / 3)
+    assert m["worst_rel_l2"] == pytest.approx(math.sqrt(2) / 5)
+    assert m["mean_rel_l2"] == pytest.approx((0 + 0.1 + math.sqrt(2) / 5) / 3)
+    assert m["max_abs"] == pytest.approx(1.0)
+    assert m["top_k"] == 2 and m["topk_agreement"] == 1.0  # k clamped to N - 1: each image's two others
+    assert m["worst_image"] == 2
+    assert m["per_image"]["cosine"] == pytest.approx([1, 1, 0.96])
+    assert m["per_image"]["rel_l2"] == pytest.approx([0, 0.1, math.sqrt(2) / 5])
+    assert m["per_image"]["max_abs"] == pytest.approx([0, 0.2, 1.0])
+    assert set(m) == {"images", "worst_cosine", "mean_cosine", "worst_rel_l2", "mean_rel_l2", "max_abs", "top_k",
+                      "topk_agreement", "worst_image", "per_image"}
+
+
+def test_default_top_k_is_10():
+    ref = np.random.default_rng(0).standard_normal((15, 4))
+    assert parity.compare(ref, ref)["top_k"] == 10
+
+
+def test_no_images():
+    m = parity.compare(np.zeros((0, 4)), np.zeros((0, 4)))
+    assert m["images"] == 0 and m["top_k"] == 0
+    for key in ("worst_cosine", "mean_cosine", "worst_rel_l2", "mean_rel_l2", "max_abs", "topk_agreement", "worst_image"):
+        assert m[key] is None, key
+    assert m["per_image"] == {"cosine": [], "rel_l2": [], "max_abs": []}
+
+
+def test_one_image_has_no_neighbours():
+    m = parity.compare(np.ones((1, 3)), np.ones((1, 3)))
+    assert m["images"] == 1 and m["top_k"] == 0 and m["topk_agreement"] is None
+    assert m["worst_cosine"] == pytest.approx(1.0) and m["worst_image"] == 0
+
+
+def test_errors_name_the_shapes_and_the_count():
+    assert parity.compare(np.ones((2, 4)), np.ones((2, 3))) == {"error": "output shape (2, 3) != reference (2, 4)"}
+    bad = np.ones((3, 4))
+    bad[0, 1], bad[2, 3] = np.nan, np.inf
+    assert parity.compare(np.ones((3, 4)), bad) == {"error": "2 non-finite values in the output"}
+
+
+def test_zero_rows_without_warnings():
+    """An all-zero feature row (a dead ReLU output): equal zeros are a match, a zero on one side is the worst
+    cosine and an infinite (or 1.0) relative error; no division warning escapes."""
+    import warnings
+
+    ref = np.array([[0.0, 0.0], [0.0, 0.0], [3.0, 4.0], [1.0, 1.0]])
+    out = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = parity.per_image(ref, out)
+    assert m["cosine"].tolist() == pytest.approx([1.0, 0.0, 0.0, 1.0])
+    assert m["rel_l2"].tolist() == [0.0, math.inf, 1.0, 0.0]
+    assert m["max_abs"].tolist() == [0.0, 1.0, 4.0, 0.0]
+
+
+def test_neighbour_ties_go_to_the_lower_index_and_zero_rows_tie_with_everything():
+    """40 equal features: every other row ties, so each query's neighbours are the lowest other indices (a
+    quicksort would shuffle them). A zero row is similar (0) to every row, so it is never nearer than a real match."""
+    same = np.ones((40, 4))
+    expected = [[j for j in range(40) if j != i][:10] for i in range(40)]
+    assert parity.neighbours(same, 10).tolist() == expected
+    feats = np.array([[1.0, 0.0], [0.0, 0.0], [2.0, 0.1], [0.0, 1.0]])
+    assert parity.neighbours(feats, 3).tolist() == [[2, 1, 3], [0, 2, 3], [0, 3, 1], [2, 0, 1]]
+
+
+def test_two_images_are_each_others_only_neighbour():
+    ref = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert parity.topk_agreement(ref, ref, 10) == 1.0
+    m = parity.compare(ref, ref)
+    assert m["top_k"] == 1 and m["topk_agreement"] == 1.0
+
+
+def test_any_output_layout_and_dtype_is_compared_as_float64_rows():
+    """N x D x 1 x 1 (a conv head) is N rows of D; float32 features are measured in float64, not in their own
+    precision (which would round the very errors being measured)."""
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((6, 300)).astype(np.float32)
+    out = (ref + 1e-4 * rng.standard_normal(ref.shape)).astype(np.float32)
+    flat = parity.compare(ref.astype(np.float64), out.astype(np.float64))
+    assert parity.compare(ref, out) == flat
+    assert parity.compare(ref.reshape(6, 300, 1, 1), out.reshape(6, 300, 1, 1)) == flat
+    assert parity.compare(ref.reshape(6, 3, 10, 10), out.reshape(6, 3, 10, 10)) == flat
+
+
+def test_features_of_width_zero():
+    m = parity.per_image(np.zeros((3, 0)), np.zeros((3, 0)))
+    assert m["max_abs"].tolist() == [0.0, 0.0, 0.0] and m["cosine"].tolist() == [1.0, 1.0, 1.0]

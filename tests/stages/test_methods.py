@@ -113,3 +113,85 @@ def test_key_queue_push_larger_than_size_keeps_newest():
     q.push(keys)
     assert int(q.filled) == 3 and int(q.ptr) == 0
     torch.testing.assert_close(q.buffer, keys[4:])
+
+
+# --- each method's forward: its heads on both views, combined as the paper does
+
+def _tiny_method(name: str, **extra):
+    from stages.pretrain import PretrainConfig, build_model, resolve
+
+    torch.manual_seed(0)
+    cfg = resolve(PretrainConfig(method=name, backbone="resnet18", image_size=16, proj_dim=16, proj_hidden_dim=32,
+                                 pred_hidden_dim=32, **extra))
+    model, _ = build_model(cfg)
+    return model.train(), [torch.randn(4, 3, 16, 16) for _ in range(2)]
+
+
+FP32 = SimpleNamespace(backbone=lambda: torch.autocast("cpu", enabled=False), heads=lambda: torch.autocast("cpu", enabled=False),
+                       head_dtype=None)
+
+
+def test_byol_forward_is_the_symmetric_loss_against_the_target():
+    model, (x1, x2) = _tiny_method("byol")
+    loss = model(x1, x2, FP32)
+    h = model.backbone(torch.cat([x1, x2]))
+    p1, p2 = model.predictor(model.projector(h)).chunk(2)
+    with torch.no_grad():
+        z1, z2 = model.target_projector(model.target_backbone(torch.cat([x1, x2]))).chunk(2)
+    expected = byol_loss(p1, z2) + byol_loss(p2, z1)
+    torch.testing.assert_close(loss, expected)
+    assert loss.requires_grad
+
+
+def test_mocov3_forward_is_the_symmetric_info_nce_against_the_momentum_encoder():
+    model, (x1, x2) = _tiny_method("mocov3")
+    loss = model(x1, x2, FP32)
+    h = model.backbone(torch.cat([x1, x2]))
+    q1, q2 = model.predictor(model.projector(h)).chunk(2)
+    with torch.no_grad():
+        k1, k2 = model.momentum_projector(model.momentum_backbone(torch.cat([x1, x2]))).chunk(2)
+    t = model.temperature
+    torch.testing.assert_close(loss, info_nce(q1, k2, t) + info_nce(q2, k1, t))
+
+
+def test_simclr_forward_is_nt_xent_of_the_projections():
+    model, (x1, x2) = _tiny_method("simclr")
+    loss = model(x1, x2, FP32)
+    z1, z2 = model.projector(model.backbone(torch.cat([x1, x2]))).chunk(2)
+    torch.testing.assert_close(loss, nt_xent(z1, z2, model.temperature))
+
+
+@pytest.mark.parametrize("name", ["simclr", "byol", "mocov3"])
+def test_half_precision_backbone_feeds_fp32_heads(name):
+    """The MPS policy (backbone in reduced precision, heads and loss in fp32), emulated with bf16 autocast on the
+    CPU: the backbone's output is cast up before the heads, and the loss is fp32 and close to the fp32 loss."""
+    from pipeline.device import Precision
+
+    model, (x1, x2) = _tiny_method(name)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    reference = model(x1, x2, Precision("cpu", None, None))
+    model.load_state_dict(state)  # BN statistics as before
+    loss = model(x1, x2, Precision("cpu", torch.bfloat16, None))
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, reference, rtol=0.05, atol=0.05)
+
+
+def _layers(seq):
+    return [(type(m).__name__, getattr(m, "out_features", None), getattr(m, "affine", None)) for m in seq]
+
+
+def test_heads_are_the_papers_mlps():
+    """SimCLR and BYOL: Linear-BN-ReLU-Linear (2 layers); MoCo v3: a 3-layer projector and a 2-layer predictor,
+    each ending in a BN without affine parameters. Hidden sizes and output sizes as configured."""
+    lin, bn, relu = "Linear", "BatchNorm1d", "ReLU"
+    two = [(lin, 32, None), (bn, None, True), (relu, None, None), (lin, 16, None)]
+    simclr, _ = _tiny_method("simclr")
+    assert _layers(simclr.projector) == two
+    byol, _ = _tiny_method("byol")
+    assert _layers(byol.projector) == _layers(byol.predictor) == _layers(byol.target_projector) == two
+    assert byol.projector[-1].bias is not None
+    moco, _ = _tiny_method("mocov3")
+    assert _layers(moco.projector) == [(lin, 32, None), (bn, None, True), (relu, None, None), (lin, 32, None),
+                                       (bn, None, True), (relu, None, None), (lin, 16, None), (bn, None, False)]
+    assert _layers(moco.predictor) == [(lin, 32, None), (bn, None, True), (relu, None, None), (lin, 16, None), (bn, None, False)]
+    assert all(m.bias is None for m in moco.projector if isinstance(m, torch.nn.Linear))

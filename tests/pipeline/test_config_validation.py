@@ -1,0 +1,41 @@
+"""Pretraining options outside their sensible range are refused with one line naming the option, from a YAML file
+or a flag, before anything is written (`lr: -3` used to train, ascending the loss)."""
+
+import pytest
+
+from pipeline.errors import PipelineError
+from stages.pretrain import config_for_run
+from tests.cli_helpers import assert_one_line_error, cli
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("lr: -3\n", "`lr` must be > 0, got -3.0"),
+    ("lr: 0\n", "`lr` must be > 0"),
+    ("batch_size: 1\n", "batch size must be at least 2"),
+    ("temperature: 0\n", "`temperature` must be > 0"),
+    ("weight_decay: -1e-6\n", "`weight_decay` must be >= 0"),
+    ("momentum_base: 1.5\n", "`momentum_base` must be >= 0 and <= 1"),
+    ("momentum_base: -0.1\n", "`momentum_base` must be >= 0 and <= 1"),
+    ("warmup_epochs: -1\n", "`warmup_epochs` must be >= 0"),
+    ("proj_dim: 0\n", "`proj_dim` must be >= 1"),
+    ("queue_size: -4\nmethod: mocov3\n", "`queue_size` must be >= 0"),
+    ("log_every: 0\n", "`log_every` must be >= 1"),
+    ("num_workers: -2\n", "`num_workers` must be >= -1"),
+    ("epochs: 0\n", "epochs must be >= 1"),
+])
+def test_out_of_range_values_are_one_line_errors(tmp_path, text, needle):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(PipelineError, match=needle.replace("(", r"\(")):
+        config_for_run(f, {}, tmp_path / "run", resume=False)
+    res = cli("pretrain", "--config", f, "--out", tmp_path / "run", "--device", "cpu")
+    assert_one_line_error(res, needle)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("over", [{"lr": 1e-9}, {"momentum_base": 1.0}, {"momentum_base": 0.0}, {"weight_decay": 0.0},
+                                  {"warmup_epochs": 0.0}, {"queue_size": 0, "method": "mocov3"}, {"num_workers": -1}])
+def test_values_on_the_bounds_are_accepted(tmp_path, over):
+    cfg = config_for_run(None, over, tmp_path / "run", resume=False)
+    for key, value in over.items():
+        assert getattr(cfg, key) == value

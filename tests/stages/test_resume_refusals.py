@@ -1,0 +1,91 @@
+"""`--resume` refuses every change that would make the checkpoint meaningless (README: method, backbone, image
+size, batch size, data; and the other recorded fields that shape the model, the split or the draws), each named in
+one line, before anything is trained or written. Changes that are fine (more epochs, a step limit) are accepted."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipeline import rundir
+from pipeline.errors import PipelineError
+from stages import pretrain
+from stages.pretrain import config_for_run
+
+REFUSED = [  # field, the run's value, a changed one
+    ("method", "simclr", "byol"),
+    ("backbone", "resnet18", "resnet34"),
+    ("image_size", 16, 24),
+    ("small_stem", "auto", "on"),
+    ("batch_size", 8, 16),
+    ("data", "synthetic:48", "synthetic:64"),
+    ("seed", 0, 1),
+    ("proj_dim", 16, 32),
+    ("proj_hidden_dim", 32, 64),
+    ("pred_hidden_dim", 32, 64),
+    ("val_fraction", 0.1, 0.2),
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One step of the tiny run (conftest's tiny_overrides), with a checkpoint to resume from."""
+    out = tmp_path_factory.mktemp("resume") / "run"
+    over = dict(data="synthetic:48", backbone="resnet18", image_size=16, batch_size=8, epochs=2, proj_hidden_dim=32,
+                proj_dim=16, pred_hidden_dim=32, device="cpu", num_workers=0, warmup_epochs=0.5, seed=0, max_steps=1)
+    pretrain.run(config_for_run(None, over, out, False), out, say=lambda *_: None)
+    return out
+
+
+def test_the_table_covers_the_recorded_values(trained):
+    cfg = config_for_run(None, {}, trained, resume=True)
+    for key, old, _ in REFUSED:
+        assert getattr(cfg, key) == old, key
+
+
+@pytest.mark.parametrize("key,old,new", REFUSED, ids=[k for k, _, _ in REFUSED])
+def test_resume_refuses_a_changed_field(trained, key, old, new):
+    before = (trained / rundir.LAST_CHECKPOINT).read_bytes()
+    with pytest.raises(PipelineError, match=f"--resume: `{key}` is {old!r} in .*cannot change it to {new!r}"):
+        config_for_run(None, {key: new}, trained, resume=True)
+    assert (trained / rundir.LAST_CHECKPOINT).read_bytes() == before
+
+
+def test_resume_refuses_a_changed_field_from_a_config_file(trained, tmp_path):
+    import yaml
+
+    saved = yaml.safe_load((trained / rundir.CONFIG).read_text())
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump({**saved, "batch_size": 16}))
+    with pytest.raises(PipelineError, match="`batch_size` is 8"):
+        config_for_run(f, {}, trained, resume=True)
+
+
+def test_mocov3_queue_size_change_is_refused(tmp_path, tiny_overrides):
+    out = tmp_path / "run"
+    pretrain.run(config_for_run(None, {**tiny_overrides, "method": "mocov3", "queue_size": 8, "max_steps": 1}, out, False),
+                 out, say=lambda *_: None)
+    with pytest.raises(PipelineError, match="`queue_size` is 8"):
+        config_for_run(None, {"queue_size": 16}, out, resume=True)
+
+
+def test_resume_accepts_what_does_not_change_the_model(trained):
+    cfg = config_for_run(None, {"epochs": 3, "max_steps": 2, "log_every": 5}, trained, resume=True)
+    assert (cfg.epochs, cfg.max_steps, cfg.log_every) == (3, 2, 5)
+
+
+def test_resume_refuses_changed_images_under_the_same_spec(tmp_path, tiny_overrides):
+    """The data SPEC is the same folder, but its images are not those the run trained on."""
+    folder = tmp_path / "images"
+    rng = np.random.default_rng(0)
+    for cls in ("a", "b"):
+        (folder / cls).mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(folder / cls / f"{i}.png")
+    out = tmp_path / "run"
+    over = {**tiny_overrides, "data": f"folder:{folder}", "max_steps": 1, "val_fraction": 0.2}
+    pretrain.run(config_for_run(None, over, out, False), out, say=lambda *_: None)
+    before = (out / rundir.LAST_CHECKPOINT).read_bytes()
+    (folder / "a" / "0.png").rename(folder / "a" / "renamed.png")
+    with pytest.raises(PipelineError, match="--resume: the images of folder:.* changed"):
+        pretrain.run(config_for_run(None, {"max_steps": 2}, out, True), out, resume=True, say=lambda *_: None)
+    assert (out / rundir.LAST_CHECKPOINT).read_bytes() == before
