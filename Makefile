@@ -15,6 +15,11 @@ EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/cor
 VALIDATE_SRC := stages/validate.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
 REPORT_SRC   := stages/report.py stages/report_figures.py
 
+# the toolchain's usual place, for a shell that starts without /opt/swift on PATH
+SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
+
+.PHONY: all install test clean-run swift-fixtures browser mutation
+all: $(RUN)/report.html
 	@$(BIN)/pipeline show --run $(RUN)
 
 install: $(STAMP)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from pipeline.config import as_flags
 from pipeline.errors import PipelineError
 
 
@@ -67,18 +68,6 @@ def _pretrain_command():
 
 GPUS_HELP = ("run N processes, one per GPU, through torchrun (what `torchrun --nproc-per-node N -m pipeline ...` "
              "does); with --device cpu, N CPU processes over gloo")
-
-
-def as_flags(overrides: dict) -> list[str]:
-    """Parsed options back as command-line flags: what --gpus hands to each process torchrun starts."""
-    flags = []
-    for name, value in overrides.items():
-        flag = name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(f"--{flag}" if value else f"--no-{flag}")
-        elif value is not None:
-            flags += [f"--{flag}", str(value)]
-    return flags
 
 
 _pretrain_command()

@@ -116,3 +116,16 @@ def options_from(cls, skip: tuple[str, ...] = ()):
         return fn
 
     return decorate
+
+
+def as_flags(options: dict) -> list[str]:
+    """Parsed options back as command-line tokens (what `--gpus` hands each process torchrun starts, and what the
+    job service runs), `--name=value` each, so a value is never read as a flag of its own, whatever it holds."""
+    flags = []
+    for name, value in options.items():
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(f"--{flag}" if value else f"--no-{flag}")
+        elif value is not None:
+            flags.append(f"--{flag}={value}")
+    return flags

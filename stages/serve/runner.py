@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from pipeline.config import as_flags
 from stages.serve.options import RECIPES, child_env
 from stages.serve.store import Store
 
@@ -39,18 +40,6 @@ if sys.platform.startswith("linux"):
         _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills the child when its parent dies
 else:
     _die_with_parent = None
-
-
-def as_flags(options: dict) -> list[str]:
-    """Validated options as `--name=value` tokens: a value is never read as a flag of its own, whatever it holds."""
-    flags = []
-    for name, value in options.items():
-        flag = name.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(f"--{flag}" if value else f"--no-{flag}")
-        elif value is not None:
-            flags.append(f"--{flag}={value}")
-    return flags
 
 
 def chain(job: dict, commands: list[str], job_dir: Path) -> list[tuple[str, list[str]]]:
