@@ -42,7 +42,7 @@ def test_gpus_hands_the_same_options_to_torchrun(monkeypatch, tmp_path):
     assert seen["n"] == 2 and seen["device"] == "cpu"
     args = seen["args"]
     assert args[0] == "pretrain" and "--gpus" not in args
-    assert args[args.index("--batch-size") + 1] == "16" and "--compile" in args and "--no-sync-bn" in args
+    assert "--batch-size=16" in args and "--compile" in args and "--no-sync-bn" in args  # pipeline.config.as_flags
     assert args[args.index("--out") + 1] == str(tmp_path / "r")
     cmd = distributed.torchrun_command(2, args)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"] and cmd[5:8] == ["-m", "pipeline", "pretrain"]
