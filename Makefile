@@ -53,7 +53,7 @@ $(RUN)/validate/parity.json: $(RUN)/export/encoder.json $(VALIDATE_SRC)
 $(RUN)/report.html: $(RUN)/validate/parity.json $(RUN)/eval/linear.json $(REPORT_SRC)
 	$(BIN)/pipeline report --run $(RUN)
 
-# pytest (a real headless Chromium among them), then the Swift package's tests (EmbeddingKit against the
+# pytest (a real headless Chromium among them), then `swift test` of the Swift package (EmbeddingKit against the
 # committed fixtures; no torch needed there)
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -n 2 tests
