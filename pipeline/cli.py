@@ -101,53 +101,41 @@ def _bench_command():
 _bench_command()
 
 
-def _linear_eval_command():
+def stage_command(name, config_cls, module, help_, epilog=None, before=None, show=None):
+    """One stage as a command: its config's options as flags, plus --config and --run; `before(run_dir, cfg)` runs
+    first, `show(module, result)` prints the stage's result."""
     from pipeline.config import options_from
-    from stages.configs import EvalConfig
 
-    @main.command("linear-eval")
-    @options_from(EvalConfig)
+    @main.command(name, help=help_, epilog=epilog)
+    @options_from(config_cls)
     @click.option("--config", "config_file", type=click.Path(), help="YAML file with any of the options below.")
     @click.option("--run", "run", type=click.Path(), default=None, help="run directory [default: runs/default]")
     @one_line_errors
-    def linear_eval(config_file, run, **overrides):
-        """Linear probe and kNN on the run's frozen backbone, beside the same backbone at random init."""
+    def command(config_file, run, **overrides):
+        import importlib
+
         from pipeline.config import load_config
         from pipeline.rundir import resolve_run
-        from stages import linear_eval as stage
 
         run_dir = resolve_run(run, say=click.echo)
-        cfg = load_config(EvalConfig, config_file, overrides)
-        click.echo(stage.format_table(stage.run(cfg, run_dir, say=click.echo)))
+        cfg = load_config(config_cls, config_file, overrides)
+        if before:
+            before(run_dir, cfg)
+        stage = importlib.import_module(module)
+        result = stage.run(cfg, run_dir, say=click.echo)
+        if show:
+            show(stage, result)
 
 
-_linear_eval_command()
-
-
-def _export_commands():
-    """strip -> trace -> export: the product an app ships (stages/strip.py, stages/trace.py, stages/convert.py)."""
+def _stage_commands():
+    """linear-eval, then strip -> trace -> export -> validate -> report: each a stage reading the run directory."""
     from export.formats import describe_table
-    from pipeline.config import options_from
-    from stages.configs import ExportConfig, StripConfig, TraceConfig
+    from stages.configs import EvalConfig, ExportConfig, StripConfig, TraceConfig, ValidateConfig
+    from stages.report import ReportConfig
 
-    def stage_command(name, config_cls, module, help_, epilog=None, before=None):
-        @main.command(name, help=help_, epilog=epilog)
-        @options_from(config_cls)
-        @click.option("--config", "config_file", type=click.Path(), help="YAML file with any of the options below.")
-        @click.option("--run", "run", type=click.Path(), default=None, help="run directory [default: runs/default]")
-        @one_line_errors
-        def command(config_file, run, **overrides):
-            import importlib
-
-            from pipeline.config import load_config
-            from pipeline.rundir import resolve_run
-
-            run_dir = resolve_run(run, say=click.echo)
-            cfg = load_config(config_cls, config_file, overrides)
-            if before:
-                before(run_dir, cfg)
-            importlib.import_module(module).run(cfg, run_dir, say=click.echo)
-
+    stage_command("linear-eval", EvalConfig, "stages.linear_eval",
+                  "Linear probe and kNN on the run's frozen backbone, beside the same backbone at random init.",
+                  show=lambda stage, result: click.echo(stage.format_table(result)))
     stage_command("strip", StripConfig, "stages.strip",
                   "Backbone only (no projection/prediction head, no momentum network) + preprocessing -> RUN/export/encoder.pt.")
     stage_command("trace", TraceConfig, "stages.trace",
@@ -156,6 +144,12 @@ def _export_commands():
                   "Core ML (.mlpackage, .mlmodel) and ONNX from the trace, metadata inside, sidecar encoder.json. "
                   "Runs strip and trace first when their files are missing or stale, as make would.",
                   before=_strip_and_trace_if_stale, epilog="\b\nFormats (format, --to, file, precisions, options):\n" + describe_table())
+    stage_command("validate", ValidateConfig, "stages.validate",
+                  "Run every exported artifact (.mlpackage, .mlmodel, ONNX) on the val images and compare with PyTorch; "
+                  "fails naming the artifact and the metric. Writes RUN/validate/parity.json.")
+    stage_command("report", ReportConfig, "stages.report",
+                  "One self-contained HTML page of the run (RUN/report.html): run card, training curves, evaluation vs "
+                  "random init, retrieval grid, embedding map, parity, model card; opens offline, no JavaScript.")
 
 
 def _strip_and_trace_if_stale(run_dir: Path, cfg) -> None:
@@ -176,30 +170,7 @@ def _strip_and_trace_if_stale(run_dir: Path, cfg) -> None:
             click.echo(f"ran `pipeline {name}` first ({why}): wrote {run_dir / made}")
 
 
-_export_commands()
-
-
-def _validate_command():
-    from pipeline.config import options_from
-    from stages.configs import ValidateConfig
-
-    @main.command("validate")
-    @options_from(ValidateConfig)
-    @click.option("--config", "config_file", type=click.Path(), help="YAML file with any of the options below.")
-    @click.option("--run", "run", type=click.Path(), default=None, help="run directory [default: runs/default]")
-    @one_line_errors
-    def validate(config_file, run, **overrides):
-        """Run every exported artifact (.mlpackage, .mlmodel, ONNX) on the val images and compare with PyTorch;
-        fails naming the artifact and the metric. Writes RUN/validate/parity.json."""
-        from pipeline.config import load_config
-        from pipeline.rundir import resolve_run
-        from stages import validate as stage
-
-        run_dir = resolve_run(run, say=click.echo)
-        stage.run(load_config(ValidateConfig, config_file, overrides), run_dir, say=click.echo)
-
-
-_validate_command()
+_stage_commands()
 
 
 @main.command("doctor")
@@ -249,29 +220,6 @@ def show(run):
         raise PipelineError(f"{run_dir} has no eval/linear.json or validate/{validate.PARITY} yet: run `make all`")
     report = run_dir / rundir.REPORT
     click.echo(f"\nreport: {report}" if report.is_file() else f"\nreport: not written yet: `pipeline report --run {run_dir}`")
-
-
-def _report_command():
-    from pipeline.config import options_from
-    from stages.report import ReportConfig
-
-    @main.command("report")
-    @options_from(ReportConfig)
-    @click.option("--config", "config_file", type=click.Path(), help="YAML file with any of the options below.")
-    @click.option("--run", "run", type=click.Path(), default=None, help="run directory [default: runs/default]")
-    @one_line_errors
-    def report(config_file, run, **overrides):
-        """One self-contained HTML page of the run (RUN/report.html): run card, training curves, evaluation vs random
-        init, retrieval grid, embedding map, parity, model card; opens offline, no JavaScript."""
-        from pipeline.config import load_config
-        from pipeline.rundir import resolve_run
-        from stages import report as stage
-
-        run_dir = resolve_run(run, say=click.echo)
-        stage.run(load_config(ReportConfig, config_file, overrides), run_dir, say=click.echo)
-
-
-_report_command()
 
 
 @main.command("swift-fixtures")

@@ -55,15 +55,15 @@ def check(cfg: ValidateConfig) -> None:
 def val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str]]:
     """The run's val split, center view at the model's side, uint8 RGB N x 3 x S x S (the first `cap`)."""
     from stages.augment import center_views
-    from stages.data import load_data
-    from stages.pretrain import PretrainConfig, store_size_for
+    from stages.configs import PretrainConfig
+    from stages.data import load_data, store_size_for
 
     cfg = load_config(PretrainConfig, run_dir / rundir.CONFIG)
     split_path = run_dir / rundir.SPLIT
     split = rundir.load_json(split_path, "split")
     if not isinstance(split, dict) or not {"val", "val_sources"} <= set(split):
         raise PipelineError(f"{split_path} is not a split written by `pipeline pretrain`")
-    data = load_data(cfg.data, store_size_for(cfg), seed=cfg.seed)
+    data = load_data(cfg.data, store_size_for(cfg.data, cfg.image_size, cfg.store_size), seed=cfg.seed)
     idx = split["val"][:cap]
     if any(not 0 <= i < len(data) or data.sources[i] != s for i, s in zip(idx, split["val_sources"])):
         raise PipelineError(f"the images of {cfg.data} are no longer those recorded in {split_path}: restore them, or "

@@ -57,25 +57,32 @@ enum Resample {
 
     typealias Coefficients = (bounds: [(Int, Int)], weights: [[Int]])
 
+    /// One output pixel of either pass: the `n` source pixels from `start`, `step` bytes apart, weighted by `k` in
+    /// 22-bit fixed point (rounding half added first, as Pillow's), clipped to 8 bits into `out` at `o`.
+    @inline(__always)
+    static func convolve(_ src: [UInt8], start: Int, step: Int, _ k: [Int], _ n: Int, into out: inout [UInt8], at o: Int) {
+        let half = 1 << (precisionBits - 1)
+        var s0 = half, s1 = half, s2 = half
+        for i in 0..<n {
+            let p = start + i * step
+            s0 += Int(src[p]) * k[i]
+            s1 += Int(src[p + 1]) * k[i]
+            s2 += Int(src[p + 2]) * k[i]
+        }
+        out[o] = clip8(s0)
+        out[o + 1] = clip8(s1)
+        out[o + 2] = clip8(s2)
+    }
+
     /// One horizontal pass over `rows` rows of `src` starting at row `offset`.
     static func horizontal(_ src: [UInt8], width: Int, offset: Int, rows: Int, _ c: Coefficients) -> [UInt8] {
-        let outW = c.bounds.count, half = 1 << (precisionBits - 1)
+        let outW = c.bounds.count
         var out = [UInt8](repeating: 0, count: outW * rows * 3)
         for y in 0..<rows {
             for xx in 0..<outW {
                 let (xmin, n) = c.bounds[xx]
-                let k = c.weights[xx]
-                var s0 = half, s1 = half, s2 = half
-                for x in 0..<n {
-                    let p = ((y + offset) * width + xmin + x) * 3
-                    s0 += Int(src[p]) * k[x]
-                    s1 += Int(src[p + 1]) * k[x]
-                    s2 += Int(src[p + 2]) * k[x]
-                }
-                let o = (y * outW + xx) * 3
-                out[o] = clip8(s0)
-                out[o + 1] = clip8(s1)
-                out[o + 2] = clip8(s2)
+                convolve(src, start: ((y + offset) * width + xmin) * 3, step: 3, c.weights[xx], n,
+                         into: &out, at: (y * outW + xx) * 3)
             }
         }
         return out
@@ -83,23 +90,13 @@ enum Resample {
 
     /// One vertical pass; bounds index rows of `src` directly.
     static func vertical(_ src: [UInt8], width: Int, _ c: Coefficients) -> [UInt8] {
-        let outH = c.bounds.count, half = 1 << (precisionBits - 1)
+        let outH = c.bounds.count
         var out = [UInt8](repeating: 0, count: width * outH * 3)
         for yy in 0..<outH {
             let (ymin, n) = c.bounds[yy]
-            let k = c.weights[yy]
             for x in 0..<width {
-                var s0 = half, s1 = half, s2 = half
-                for y in 0..<n {
-                    let p = ((ymin + y) * width + x) * 3
-                    s0 += Int(src[p]) * k[y]
-                    s1 += Int(src[p + 1]) * k[y]
-                    s2 += Int(src[p + 2]) * k[y]
-                }
-                let o = (yy * width + x) * 3
-                out[o] = clip8(s0)
-                out[o + 1] = clip8(s1)
-                out[o + 2] = clip8(s2)
+                convolve(src, start: (ymin * width + x) * 3, step: width * 3, c.weights[yy], n,
+                         into: &out, at: (yy * width + x) * 3)
             }
         }
         return out
