@@ -110,6 +110,44 @@ def mean(x: torch.Tensor) -> torch.Tensor:
     return y / world_size()
 
 
+def broadcast_from_main(module: torch.nn.Module) -> None:
+    """Every rank starts from rank 0's parameters and buffers (what DDP does when it wraps a model): the ranks
+    seed alike, but a checkpoint or a user's init must not depend on that."""
+    if active():
+        with torch.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t.data, src=0)
+
+
+def flat_gradients(params) -> torch.Tensor:
+    """One flat buffer holding the gradient of every parameter that trains: each p.grad becomes a view of it with
+    p's own strides (channels_last stays channels_last), so autograd accumulates into it in place and one
+    all-reduce of the buffer averages every gradient. DDP's reducer does this from hooks inside the backward,
+    which a CUDA graph cannot hold; this way the backbone's backward stays one graph launch and the reduction is a
+    single collective after it. Keep the grads: zero the buffer (`.zero_()`), never set them to None."""
+    params = [p for p in params if p.requires_grad]
+    kinds = {(p.dtype, p.device) for p in params}
+    if len(kinds) != 1:
+        raise PipelineError(f"the parameters that train must share one dtype and device to share one gradient "
+                            f"buffer, found {sorted(map(str, kinds))}")
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    offset = 0
+    for p in params:
+        if not (p.is_contiguous() or p.is_contiguous(memory_format=torch.channels_last)):
+            raise PipelineError(f"a parameter of shape {tuple(p.shape)} is not dense: it cannot view the gradient buffer")
+        p.grad = flat.as_strided(p.shape, p.stride(), offset)  # dense: covers exactly offset .. offset + numel
+        offset += p.numel()
+    return flat
+
+
+def average_(flat: torch.Tensor) -> None:
+    """Average a gradient buffer over ranks in place (sum, then divide: exact for a power-of-two world, and what
+    DDP computes)."""
+    if active():
+        dist.all_reduce(flat)
+        flat.div_(world_size())
+
+
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
     """The command `--gpus N` runs: torchrun (as `python -m torch.distributed.run`, so the same interpreter and
     environment) on a free local port, starting `python -m pipeline ARGS` N times."""

@@ -4,7 +4,8 @@ setup (config, data, split, model, optimizer) -> train (steps, logs, checkpoints
 config.yaml, split.json, skipped.txt (if any), metrics.jsonl, checkpoints/last.pt (+ epoch_NNNN.pt every N epochs).
 
 Several processes (torchrun, or `pipeline pretrain --gpus N`): batch_size is the global batch, each rank trains on
-its share of every step's images (stages/distributed.py), gradients are averaged by DDP, and rank 0 alone writes.
+its share of every step's images (stages/distributed.py), gradients are averaged from one flat buffer after the
+(CUDA-graphed) backward (DDP only with SyncBN), and rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -169,13 +170,14 @@ def keep_on_device(images: torch.Tensor, device: torch.device) -> torch.Tensor:
     return images.to(device) if fits else images
 
 
-def use_cuda_graphs(choice: str, device: torch.device, world: int, compiled: bool) -> bool:
-    """CUDA graphs need CUDA; with several processes DDP's gradient hooks would run inside the captured backward
-    (untested), and torch.compile brings its own graphs: those cases stay eager."""
-    possible = device.type == "cuda" and world == 1 and not compiled
+def use_cuda_graphs(choice: str, device: torch.device, world: int, compiled: bool, sync_bn: bool = False) -> bool:
+    """CUDA graphs need CUDA; torch.compile brings its own graphs, and SyncBatchNorm's collectives (it runs under
+    DDP) would sit inside the captured forward and backward: those cases stay eager. Several processes otherwise
+    graph the backbone as one does and average gradients after it (distributed.flat_gradients)."""
+    possible = device.type == "cuda" and not compiled and not (world > 1 and sync_bn)
     if choice == "on" and not possible:
-        raise PipelineError("--cuda-graphs on needs one CUDA process without --compile (this run: device "
-                            f"{device.type}, {world} process(es), compile {compiled}); use auto or off")
+        raise PipelineError("--cuda-graphs on needs CUDA without --compile or --sync-bn (this run: device "
+                            f"{device.type}, {world} process(es), compile {compiled}, sync_bn {sync_bn}); use auto or off")
     return choice != "off" and possible
 
 
@@ -221,10 +223,11 @@ class Training:
     total_steps: int
     channels_last: bool
     cuda_graphs: bool = False
+    grads: torch.Tensor | None = None  # several processes without SyncBN: the flat gradient buffer averaged each step
 
 
 def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: int) -> tuple[Training, int]:
-    """Model (memory format, SyncBN, compile, DDP), optimizer, schedule, scaler for this process; (training, feat_dim)."""
+    """Model (memory format, SyncBN, compile, CUDA graphs, gradient averaging), optimizer, schedule, scaler for this process; (training, feat_dim)."""
     model, feat_dim = build_model(cfg)
     model.to(device)
     channels_last = use_channels_last(cfg.channels_last, device)
@@ -240,25 +243,35 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
     if cfg.compile:
         model.backbone.compile()  # in place: state_dict keys stay those of the plain module
     precision = precision_for(device, cfg.precision)
-    graphs = use_cuda_graphs(cfg.cuda_graphs, device, world, cfg.compile)
+    graphs = use_cuda_graphs(cfg.cuda_graphs, device, world, cfg.compile, cfg.sync_bn)
     if graphs:  # both views of this process's images go through the backbone as one batch
         graph_backbone(model.backbone, 2 * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
     total_steps = steps_per_epoch * cfg.epochs
     optimizer = build_optimizer(cfg.optimizer, model.parameters(), peak_lr(cfg), cfg.weight_decay, cfg.lars_eta)
     scheduler = warmup_cosine(optimizer, round(cfg.warmup_epochs * steps_per_epoch), total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
-    forward = model
+    forward, grads = model, None
     if world > 1:
-        forward = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last, graphs), feat_dim
+        distributed.broadcast_from_main(model)
+        if cfg.sync_bn:  # SyncBatchNorm is supported under DDP only (torch's documentation)
+            forward = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+        else:  # one all-reduce of one flat buffer after the (graphed) backward: see distributed.flat_gradients
+            grads = distributed.flat_gradients(model.parameters())
+    return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last, graphs,
+                    grads), feat_dim
 
 
 def train_step(t: Training, x1: torch.Tensor, x2: torch.Tensor, step: int) -> torch.Tensor:
     """One optimisation step (step = steps done before it). Returns the loss averaged over processes, detached and
     still on the device: reading it waits for the GPU, so the caller chooses when (the loop reads it a step late)."""
     loss = t.forward(x1, x2, t.precision)
-    t.optimizer.zero_grad(set_to_none=True)
+    if t.grads is None:
+        t.optimizer.zero_grad(set_to_none=True)
+    else:
+        t.grads.zero_()  # the grads are views of this buffer: they must stay
     t.scaler.scale(loss).backward()
+    if t.grads is not None:
+        distributed.average_(t.grads)
     t.scaler.step(t.optimizer)
     t.scaler.update()
     t.scheduler.step()

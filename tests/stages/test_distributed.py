@@ -1,5 +1,5 @@
 """Two CPU processes over gloo, as torchrun would start them: the contrastive losses equal the one-process loss of
-the same global batch (and so do the gradients DDP averages), momentum networks stay identical on every rank,
+the same global batch (and so do the gradients and the weights after a training step), momentum networks stay identical on every rank,
 and a 2-process run resumes exactly. One spawn runs every scenario (starting processes is the costly part)."""
 
 import os
@@ -53,17 +53,10 @@ def _worker(rank, port, out):
     loss.backward()
     res["info_nce"] = (distributed.mean(loss).item(), q.grad)
 
-    # the methods' forward (eval-mode BatchNorm: per-image, so shards see what the whole batch sees) under DDP
-    for method in ("simclr", "mocov3"):
-        torch.manual_seed(0)
-        model, _ = pretrain.build_model(pretrain.resolve(pretrain.PretrainConfig(**_tiny(method))))
-        model.eval()
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        x1, x2 = (x[rank * 4:(rank + 1) * 4] for x in _views())
-        loss = ddp(x1, x2, precision_for(torch.device("cpu")))
-        loss.backward()
-        res[method] = (distributed.mean(loss).item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-
+    # one training step of every method (eval-mode BatchNorm: per-image, so shards see what the whole batch sees):
+    # the flat gradient buffer averaged over ranks, then LARS, the schedule and the momentum update
+    for method in ("simclr", "byol", "mocov3"):
+        res[method] = _one_step(method, rank)
     # 2-process pretraining: uninterrupted vs stopped after 3 steps and resumed; momentum networks per rank
     run = _tiny("mocov3", queue_size=8)
     for name, overrides, resume in [("full", run, False), ("part", {**run, "max_steps": 2}, False), ("part", {"max_steps": 0}, True)]:
@@ -76,6 +69,22 @@ def _worker(rank, port, out):
     dist.destroy_process_group()
 
 
+def _one_step(method, rank=None):
+    """Loss and weights after one training step on the global batch of _views(): all of it in one process
+    (rank None), or this rank's half of it."""
+    torch.manual_seed(0)
+    t, _ = pretrain.build_training(pretrain.resolve(pretrain.PretrainConfig(**_tiny(method))), torch.device("cpu"), 5)
+    t.model.eval()
+    x1, x2 = _views()
+    if rank is not None:
+        x1, x2 = x1[rank * 4:(rank + 1) * 4], x2[rank * 4:(rank + 1) * 4]
+    loss = pretrain.train_step(t, x1, x2, 0)
+    views_of_buffer = t.grads is not None and all(
+        t.grads.data_ptr() <= p.grad.data_ptr() < t.grads.data_ptr() + t.grads.numel() * 4
+        for p in t.model.parameters() if p.requires_grad)
+    return loss.item(), {k: v.clone() for k, v in t.model.state_dict().items()}, views_of_buffer
+
+
 def test_two_gloo_processes(tmp_path):
     """One spawn, every check (pytest-xdist would run a shared fixture once per worker)."""
     with socket.socket() as s:
@@ -85,8 +94,8 @@ def test_two_gloo_processes(tmp_path):
     res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
     _simclr_loss_and_gradients_equal_one_process_on_the_global_batch(res)
     _mocov3_loss_and_gradients_equal_one_process_on_the_global_batch(res)
-    for method in ("simclr", "mocov3"):
-        _method_forward_under_ddp_equals_one_process(res, method)
+    for method in ("simclr", "byol", "mocov3"):
+        _training_step_equals_one_process(res, method)
     _momentum_network_and_queue_identical_on_every_rank(res)
     _two_process_run_resumes_exactly_and_only_with_two(tmp_path)
 
@@ -110,16 +119,18 @@ def _mocov3_loss_and_gradients_equal_one_process_on_the_global_batch(res):
     torch.testing.assert_close(torch.cat([r["info_nce"][1] for r in res]) / WORLD, q.grad, atol=1e-6, rtol=1e-5)
 
 
-def _method_forward_under_ddp_equals_one_process(res, method):
+def _training_step_equals_one_process(res, method):
+    loss, weights, _ = _one_step(method)
+    for r in res:
+        assert r[method][2], "the gradients are not views of the flat buffer the step averages"
+        assert r[method][0] == pytest.approx(loss, rel=1e-5)
+        for name, w in weights.items():
+            if w.is_floating_point() and "running" not in name:  # BN running stats are per rank (unused in training)
+                torch.testing.assert_close(r[method][1][name], w, atol=1e-6, rtol=1e-5, msg=name)
+    # the step moved the weights: the comparison above is of a trained step, not of the init twice
     torch.manual_seed(0)
-    model, _ = pretrain.build_model(pretrain.resolve(pretrain.PretrainConfig(**_tiny(method))))
-    model.eval()
-    loss = model(*_views(), precision_for(torch.device("cpu")))
-    loss.backward()
-    assert res[0][method][0] == pytest.approx(loss.item(), rel=1e-5)
-    for name, p in model.named_parameters():
-        if p.grad is not None:
-            torch.testing.assert_close(res[0][method][1][name], p.grad, atol=1e-5, rtol=1e-4)
+    init = pretrain.build_model(pretrain.resolve(pretrain.PretrainConfig(**_tiny(method))))[0].state_dict()
+    assert any(not torch.equal(init[k], weights[k]) for k in init if "running" not in k and init[k].is_floating_point())
 
 
 def _momentum_network_and_queue_identical_on_every_rank(res):
