@@ -44,6 +44,7 @@ class PretrainConfig:
     proj_dim: int | None = opt(None, "projector output size; None = paper value")
     proj_hidden_dim: int | None = opt(None, "projector hidden size; None = paper value")
     pred_hidden_dim: int | None = opt(None, "predictor hidden size (BYOL, MoCo v3); None = paper value")
+    crop_min_scale: float | None = opt(None, "smallest random crop as a share of the image's area (RandomResizedCrop's scale[0]); None = the recipe's")
     momentum_base: float | None = opt(None, "EMA start of the momentum network, rises to 1 on a cosine (BYOL, MoCo v3)")
     queue_size: int | None = opt(None, "MoCo v3 only: extra negatives from a ring buffer of past keys; 0 = none")
     val_fraction: float = opt(0.1, "held out for evaluation, never trained on (CIFAR uses its own test set)")

@@ -50,7 +50,8 @@ def resolve(cfg: PretrainConfig) -> PretrainConfig:
     what actually ran; `recipe` itself stays as asked (run() records the one chosen)."""
     name, _ = chosen_recipe(cfg)
     defaults = {"temperature": 0.5, "proj_dim": 128, "proj_hidden_dim": 2048, "pred_hidden_dim": 4096,
-                "momentum_base": 0.99, "queue_size": 0, **recipes.values(name, cfg.method)}
+                "momentum_base": 0.99, "queue_size": 0, "crop_min_scale": recipes.crop_min_scale(name, cfg.method),
+                **recipes.values(name, cfg.method)}
     filled = {k: (defaults[k] if getattr(cfg, k) is None and k in defaults else getattr(cfg, k)) for k in to_dict(cfg)}
     return PretrainConfig(**filled)
 
@@ -59,7 +60,7 @@ def resolve(cfg: PretrainConfig) -> PretrainConfig:
 # nonsense (a negative rate ascends the loss, a momentum above 1 extrapolates) instead of stopping with its name.
 BOUNDS = {  # key: (lowest, highest, whether the lowest itself is allowed)
     "lr": (0.0, math.inf, False), "temperature": (0.0, math.inf, False), "weight_decay": (0.0, math.inf, True),
-    "momentum_base": (0.0, 1.0, True), "warmup_epochs": (0.0, math.inf, True),
+    "momentum_base": (0.0, 1.0, True), "crop_min_scale": (0.0, 1.0, False), "warmup_epochs": (0.0, math.inf, True),
     "proj_dim": (1, math.inf, True), "proj_hidden_dim": (1, math.inf, True), "pred_hidden_dim": (1, math.inf, True),
     "queue_size": (0, math.inf, True), "max_steps": (0, math.inf, True), "log_every": (1, math.inf, True),
     "save_every": (0, math.inf, True), "knn_every": (0, math.inf, True), "num_workers": (-1, math.inf, True),
@@ -369,7 +370,7 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> 
 
     # --- train
     stop_at = min(total_steps, cfg.max_steps) if cfg.max_steps > 0 else total_steps
-    views = recipes.views_for(recipe, cfg.method, cfg.image_size)
+    views = recipes.views_for(recipe, cfg.method, cfg.image_size, cfg.crop_min_scale)
     workers = default_workers(cfg.num_workers)
     say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(train_images)} train images, "
         f"{steps_per_epoch} steps/epoch, {total_steps} steps, device {device} x {world}, augment {mode}, "

@@ -101,8 +101,16 @@ def values(name: str, method: str) -> dict:
     return dict(RECIPES[name][method].values)
 
 
-def views_for(name: str, method: str, image_size: int) -> tuple[augment.ViewRecipe, augment.ViewRecipe]:
+def crop_min_scale(name: str, method: str) -> float:
+    """The smallest crop area share of the recipe's views (both views share it)."""
+    return views_for(name, method, 32)[0].crop_scale[0]
+
+
+def views_for(name: str, method: str, image_size: int,
+              min_scale: float | None = None) -> tuple[augment.ViewRecipe, augment.ViewRecipe]:
     """The two views of the method's paper (blur dropped at <= 64 px, augment.recipes_for), with the recipe's
-    changes applied to both."""
-    changes = RECIPES[name][method].views
+    changes applied to both, and the smallest crop set to min_scale when given (--crop-min-scale)."""
+    changes = dict(RECIPES[name][method].views)
+    if min_scale is not None:
+        changes["crop_scale"] = (min_scale, 1.0)
     return tuple(dataclasses.replace(v, **changes) for v in augment.recipes_for(method, image_size))
