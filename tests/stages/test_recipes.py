@@ -75,6 +75,7 @@ def test_a_run_states_and_records_the_recipe_it_chose(tmp_path, tiny_overrides):
     assert "# recipe small: auto: 44 train images" in text
     saved = yaml.safe_load(text)
     assert saved["recipe"] == "small" and saved["optimizer"] == "sgd" and saved["temperature"] == 0.2
+    assert saved["momentum_base"] == 0.9 and saved["crop_min_scale"] == 0.25
     # The recorded config, used again, gives the same run settings.
     again = config_for_run(out / rundir.CONFIG, {}, tmp_path / "again", False)
     assert dataclasses.asdict(again) == {**dataclasses.asdict(cfg), "recipe": "small"}
@@ -94,3 +95,32 @@ def test_train_count_matches_the_split(tmp_path):
             split = make_split(load_data(spec, 8), fraction, seed=0)
             assert count_train_images(spec, fraction) == len(split["train"]), (spec, fraction)
     assert count_train_images(f"folder:{tmp_path / 'missing'}", 0.1) == 0
+
+
+def test_crop_min_scale_comes_from_the_recipe_and_a_flag_wins(tmp_path):
+    assert resolve(PretrainConfig(method="mocov3", recipe="small")).crop_min_scale == 0.25
+    assert resolve(PretrainConfig(method="simclr", recipe="small")).crop_min_scale == 0.08
+    assert resolve(PretrainConfig(method="mocov3", recipe="paper")).crop_min_scale == 0.08
+    for v in recipes.views_for("small", "mocov3", 32):
+        assert v.crop_scale == (0.25, 1.0)
+    assert recipes.views_for("small", "byol", 32, 0.5)[1].crop_scale == (0.5, 1.0)
+    cfg = config_for_run(None, {"method": "mocov3", "crop_min_scale": 0.6}, tmp_path / "run", False)
+    assert cfg.crop_min_scale == 0.6
+    with pytest.raises(PipelineError, match="crop_min_scale"):
+        config_for_run(None, {"crop_min_scale": 1.5}, tmp_path / "run2", False)
+
+
+def test_the_run_crops_at_its_recorded_min_scale(tmp_path, tiny_overrides, monkeypatch):
+    """The views pretraining draws use crop_min_scale (the recipe's, or the flag's), not the paper's 8 %."""
+    seen = []
+    real = augment.view_batches
+
+    def spy(mode, images, views, *a, **k):
+        seen.append([v.crop_scale for v in views])
+        return real(mode, images, views, *a, **k)
+
+    monkeypatch.setattr(augment, "view_batches", spy)
+    for scale in (None, 0.4):
+        over = {**tiny_overrides, "method": "mocov3", "max_steps": 1, **({"crop_min_scale": scale} if scale else {})}
+        pretrain.run(config_for_run(None, over, tmp_path / str(scale), False), tmp_path / str(scale), say=lambda *_: None)
+    assert seen == [[(0.25, 1.0)] * 2, [(0.4, 1.0)] * 2]
