@@ -45,7 +45,7 @@ def tiny_losses(method: str, **overrides) -> list[float]:
     from tests.stages.test_pretrain import PIN_EXTRA
 
     out = Path(tempfile.mkdtemp()) / "run"
-    cfg = pretrain.config_for_run(None, {**TINY, "method": method, "max_steps": 3, **PIN_EXTRA[method],
+    cfg = runspec.config_for_run(None, {**TINY, "method": method, "max_steps": 3, **PIN_EXTRA[method],
                                          **overrides}, out, False)
     pretrain.run(cfg, out, resume=False, say=lambda *_: None)
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -1,7 +1,7 @@
 """`pipeline bench`: pretraining throughput in one process, end to end and against the model-step ceiling.
 
 For one configuration it reports
-- e2e img/s: the training step (pretrain.train_step) fed by the real batch source (augment.view_batches: the
+- e2e img/s: the training step (training.train_step) fed by the real batch source (training.view_batches: the
   device path, or CPU DataLoader workers with --augment cpu), reading each loss one step late as the loop does;
 - ceiling img/s: the same step on two ready views already on the device (no augmentation, no data movement);
 - ratio = e2e / ceiling; data-wait %: share of the e2e time the host spent waiting for its next batch (for the
@@ -18,19 +18,23 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 import resource
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
 
 from pipeline.device import select_device
 from pipeline.errors import PipelineError
-from stages.configs import BenchConfig
-from stages import augment, distributed
-from stages.pretrain import PretrainConfig, build_training, default_workers, keep_on_device, resolve, train_step, validate
+from stages import augment, distributed, preprocess
+from stages.configs import BenchConfig, PretrainConfig
+from stages.runspec import resolve, validate
+from stages.training import augment_mode, build_training, default_workers, keep_on_device, train_step, view_batches
 
 
 def _sync(device: torch.device) -> None:
@@ -163,10 +167,8 @@ def run(cfg: BenchConfig, say=print) -> dict:
     if store < cfg.image_size:
         raise PipelineError(f"store size {store} is smaller than image size {cfg.image_size}")
     if cfg.preprocess:  # issue 8: per-image preprocessing alone (stages/preprocess.py), no training
-        from stages.preprocess import time_per_image
-
         return time_per_image(cfg.preprocess, cfg.method, cfg.image_size, store, batch * steps, windows, warmup, cfg.seed)
-    mode = augment.augment_mode(cfg.augment, device)
+    mode = augment_mode(cfg.augment, device)
     settle = (SETTLE_WINDOWS + 1) * steps if gpu and warmup else 0
     # e2e warm-up, settling, windows, the profiled window, then the augment-only window
     batches = warmup + settle + (windows + 1 + bool(cfg.profile)) * steps
@@ -207,7 +209,7 @@ def run(cfg: BenchConfig, say=print) -> dict:
 
     # end to end: the real batch source
     recipes = augment.recipes_for(cfg.method, cfg.image_size)
-    source = iter(augment.view_batches(mode, images, recipes, cfg.image_size, batch, cfg.seed, 0, 0, device,
+    source = iter(view_batches(mode, images, recipes, cfg.image_size, batch, cfg.seed, 0, 0, device,
                                        default_workers(cfg.num_workers), (rank, world), training.channels_last))
 
     def e2e_step() -> float:
@@ -258,8 +260,6 @@ def run(cfg: BenchConfig, say=print) -> dict:
 
 def format_table(r: dict) -> str:
     if "ms_per_image" in r:  # a --preprocess timing
-        from stages.preprocess import format_timing
-
         return format_timing(r)
     head = (f"{r['method']}/{r['backbone']} {r['image_size']} px, batch {r['batch_size']} "
             f"({r['processes']} x {r['per_process_batch']}), {r['device_name']}, augment {r['augment']}, "
@@ -271,3 +271,63 @@ def format_table(r: dict) -> str:
         rows.append((f"profile {phase}", f"{p['wall_ms_per_step']:.2f} ms/step, GPU busy {p['gpu_busy_pct']:.0f} %, "
                                          f"host waiting {p['host_wait_ms_per_step']:.2f} ms/step ({p['trace']})"))
     return "\n".join([head] + [f"  {k:<20s}{v}" for k, v in rows])
+
+
+# ---------------------------------------------------------------- `pipeline bench --preprocess`: the per-image ops alone
+
+def _median_ms(fn, items: list, windows: int, warmup: int) -> float:
+    """Median over windows of the mean ms per call of fn(item) over all items; warm-up calls (a Core ML model's
+    first prediction compiles and loads it) untimed."""
+    for item in items[:warmup]:
+        fn(item)
+    per = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        for item in items:
+            fn(item)
+        per.append(1000 * (time.perf_counter() - t0) / len(items))
+    return statistics.median(per)
+
+
+def time_per_image(choice: str, method: str, size: int, store_size: int, images: int, windows: int, warmup: int,
+                   seed: int, cache_root=None) -> dict:
+    """ms per image of each op of preprocessing backend `choice` (stages/preprocess.py) on random images and
+    parameters (SimCLR's widest jitter), and of the two views a training item costs (TwoViewDataset with
+    `method`'s recipes, crop and hue included)."""
+    name, why = preprocess.resolve_backend(choice)
+    backend = preprocess.make_backend(name, size, cache_root)
+    g = torch.Generator().manual_seed(seed)
+    views = torch.rand(images, 3, size, size, generator=g)
+    if backend.pixels == "uint8":  # the ops of a uint8 backend take PIL images
+        views = [Image.fromarray((v * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()) for v in views]
+    pixels = torch.randint(0, 256, (images, 3, store_size, store_size), dtype=torch.uint8, generator=g)
+    p = augment.sample_params(images, augment.RECIPES["simclr"][0], store_size, np.random.default_rng(seed))
+    k = augment.blur_kernel_size(size)
+    jitter = lambda i: backend.color_jitter(  # noqa: E731
+        views[i], p["jitter_order"][i].tolist(), float(p["brightness"][i]), float(p["contrast"][i]),
+        float(p["saturation"][i]), float(p["hue"][i]))
+    dataset = augment.TwoViewDataset(pixels, augment.recipes_for(method, size), size, seed, 0, backend)
+    ops = {
+        "color_jitter": jitter,
+        "grayscale": lambda i: backend.grayscale(views[i]),
+        "gaussian_blur": lambda i: backend.gaussian_blur(views[i], k, float(p["sigma"][i])),
+        "two_views": lambda i: dataset[i],
+    }
+    idx = list(range(images))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a DataLoader worker (torch gives each one thread): what __getitem__ gets
+    try:
+        ms = {op: round(_median_ms(fn, idx, windows, max(1, warmup)), 4) for op, fn in ops.items()}
+    finally:
+        torch.set_num_threads(threads)
+    return {"preprocess": name, "reason": why, "method": method, "image_size": size, "store_size": store_size,
+            "blur_kernel": k, "images_per_window": images, "windows": windows, "ms_per_image": ms,
+            "platform": f"{platform.system()} {platform.machine()}", "torch_threads": 1}
+
+
+def format_timing(r: dict) -> str:
+    head = (f"preprocess {r['preprocess']} ({r['reason']}), {r['image_size']} px views from {r['store_size']} px, "
+            f"{r['platform']}, one torch thread (as a DataLoader worker), median of {r['windows']} windows x "
+            f"{r['images_per_window']} images")
+    rows = [f"  {op:<20s}{v:8.3f} ms/image" for op, v in r["ms_per_image"].items()]
+    return "\n".join([head, *rows])

@@ -29,11 +29,11 @@ import torch
 from pipeline import rundir
 from pipeline.device import select_device
 from pipeline.errors import PipelineError
-from stages.configs import EvalConfig
+from stages.configs import EvalConfig, PretrainConfig
 from stages.data import ImageData, load_data, make_split, parse_spec
 from stages.features import extract_features
 from stages.knn import knn_scores, topk_accuracy
-from stages.pretrain import PretrainConfig, build_model, seed_everything, store_size_for
+from stages.runspec import build_model, read_run, read_split, recorded_split, seed_everything, store_size_for
 
 # Inverse L2 strengths on standardised features, a decade apart from strong to weak regularisation: five fits are
 # cheap next to feature extraction, and a finer grid would mostly fit the noise of a small held-out part.
@@ -65,20 +65,12 @@ def validate(cfg: EvalConfig) -> None:
 
 # --- backbones: the trained one and the exact init it started from
 
-def config_from_checkpoint(ckpt: dict, path: Path) -> PretrainConfig:
-    known = {f.name for f in dataclasses.fields(PretrainConfig)}
-    unknown = sorted(set(ckpt["config"]) - known)
-    if unknown:
-        raise PipelineError(f"{path} was written by another pipeline version (unknown config keys: {', '.join(unknown)})")
-    return PretrainConfig(**ckpt["config"])
-
-
 def load_trained_backbone(run_dir: Path) -> tuple[torch.nn.Module, PretrainConfig, dict]:
     """(backbone, run config, checkpoint). The method module is rebuilt to load the state, then only its
     backbone is kept: projector, predictor and momentum networks are dropped with the module."""
     path = run_dir / rundir.LAST_CHECKPOINT
     ckpt = rundir.load_checkpoint(path)
-    cfg = config_from_checkpoint(ckpt, path)
+    cfg = read_run(run_dir, ckpt)
     model, _ = build_model(cfg)
     try:
         model.load_state_dict(ckpt["model"])
@@ -154,31 +146,14 @@ def check_image_size(spec: str, sources: list[str], run_cfg: PretrainConfig, run
             f"images of at least {math.ceil(run_cfg.image_size / allowed)} px")
 
 
-def _split_matches(data: ImageData, recorded: dict) -> bool:
-    """The recorded indices still point at the recorded source files / ids."""
-    if recorded["num_images"] != len(data):
-        return False
-    for part in ("train", "val"):
-        idx, src = recorded[part], recorded[f"{part}_sources"]
-        if len(idx) != len(src) or any(not 0 <= i < len(data) or data.sources[i] != s for i, s in zip(idx, src)):
-            return False
-    return True
-
-
 def eval_data(run_cfg: PretrainConfig, run_dir: Path, spec: str) -> tuple[ImageData, dict, bool]:
     """(data, split, is the run's own data). Labelled, with val images the run never pretrained on."""
-    split_path = run_dir / rundir.SPLIT
-    recorded = rundir.load_json(split_path, "split")
-    if not isinstance(recorded, dict) or not {"num_images", "train", "val", "train_sources", "val_sources"} <= set(recorded):
-        raise PipelineError(f"{split_path} is not a split written by `pipeline pretrain`: re-run pretraining")
     own = not spec or spec == run_cfg.data
     if own:
         data = load_data(run_cfg.data, store_size_for(run_cfg), seed=run_cfg.seed)
-        if not _split_matches(data, recorded):
-            raise PipelineError(f"the images of {run_cfg.data} are no longer those recorded in {split_path}: restore "
-                                f"them, or evaluate another labelled set with --data")
-        split = recorded
+        split = recorded = recorded_split(run_dir, data, "evaluate another labelled set with --data")
     else:
+        recorded = read_split(run_dir)
         data = load_data(spec, store_size_for(dataclasses.replace(run_cfg, data=spec)), seed=run_cfg.seed)
         split = make_split(data, run_cfg.val_fraction, run_cfg.seed)
     if data.labels is None:

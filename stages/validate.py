@@ -26,13 +26,12 @@ import torch
 from export import parity
 from export.encoder import OUTPUT_NAME, load_encoder
 from pipeline import rundir
-from pipeline.config import load_config, to_dict
+from pipeline.rundir import SIDECAR, artifact_digest, encoder_path, file_sha256
+from pipeline.config import to_dict
 from pipeline.errors import PipelineError
 from stages.configs import ValidateConfig
 
 PARITY = "parity.json"  # in RUN/validate/
-SIDECAR = "encoder.json"  # in RUN/export/, written by `pipeline export`
-ENCODER = "encoder.pt"
 
 
 def gates(cfg: ValidateConfig) -> dict[str, float]:
@@ -55,19 +54,13 @@ def check(cfg: ValidateConfig) -> None:
 def val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str]]:
     """The run's val split, center view at the model's side, uint8 RGB N x 3 x S x S (the first `cap`)."""
     from stages.augment import center_views
-    from stages.configs import PretrainConfig
-    from stages.data import load_data, store_size_for
+    from stages.data import load_data
+    from stages.runspec import read_run, recorded_split, store_size_for
 
-    cfg = load_config(PretrainConfig, run_dir / rundir.CONFIG)
-    split_path = run_dir / rundir.SPLIT
-    split = rundir.load_json(split_path, "split")
-    if not isinstance(split, dict) or not {"val", "val_sources"} <= set(split):
-        raise PipelineError(f"{split_path} is not a split written by `pipeline pretrain`")
-    data = load_data(cfg.data, store_size_for(cfg.data, cfg.image_size, cfg.store_size), seed=cfg.seed)
+    cfg = read_run(run_dir)
+    data = load_data(cfg.data, store_size_for(cfg), seed=cfg.seed)
+    split = recorded_split(run_dir, data, "validate on a folder with --images")
     idx = split["val"][:cap]
-    if any(not 0 <= i < len(data) or data.sources[i] != s for i, s in zip(idx, split["val_sources"])):
-        raise PipelineError(f"the images of {cfg.data} are no longer those recorded in {split_path}: restore them, or "
-                            f"validate on a folder with --images")
     images = center_views(data.images[torch.as_tensor(idx, dtype=torch.long)], size) if idx else \
         torch.empty(0, 3, size, size, dtype=torch.uint8)
     return images.to(torch.uint8), [data.sources[i] for i in idx]
@@ -167,17 +160,14 @@ def _row(entry: dict, runtime: str, precision: str, metrics: dict, failures: lis
 def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     check(cfg)
     export_dir = run_dir / rundir.EXPORT
-    encoder, state = load_encoder(export_dir / ENCODER)
+    encoder, state = load_encoder(encoder_path(run_dir))
     size = int(state["image_size"])
     sidecar_path = export_dir / SIDECAR
     sidecar = rundir.load_json(sidecar_path, "export sidecar (run `pipeline export` first)")
     artifacts = sidecar.get("artifacts") if isinstance(sidecar, dict) else None
     if not artifacts:
         raise PipelineError(f"{sidecar_path} lists no artifacts: run `pipeline export`")
-    from stages.convert import artifact_digest
-    from stages.trace import file_sha256
-
-    encoder_sha = file_sha256(export_dir / ENCODER)
+    encoder_sha = file_sha256(encoder_path(run_dir))
 
     # --- images
     images, sources = torch.empty(0, 3, size, size, dtype=torch.uint8), []
@@ -213,7 +203,7 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
         declared = entry.get("precision", "fp32")
         notes = []
         if entry.get("encoder_sha256") not in (None, encoder_sha):
-            notes.append(f"made from another encoder.pt than {export_dir / ENCODER}: re-run `pipeline export`")
+            notes.append(f"made from another encoder.pt than {encoder_path(run_dir)}: re-run `pipeline export`")
         if entry.get("sha256") and artifact_digest(path)[1] != entry["sha256"]:
             say(f"warning: {path} changed since `pipeline export` wrote it (sha256 differs from {SIDECAR})")
         # An artifact the runtime cannot run (an op the evaluator lacks, a model Core ML rejects) is a failed row

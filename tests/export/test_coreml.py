@@ -14,7 +14,7 @@ from pipeline import __version__, rundir
 from stages import pretrain
 from stages.convert import ExportConfig, SIDECAR, artifact_digest
 from stages.convert import run as export
-from stages.pretrain import config_for_run
+from stages.runspec import config_for_run
 from stages.strip import StripConfig
 from stages.strip import run as strip
 from stages.trace import TraceConfig

@@ -14,7 +14,7 @@ from export.encoder import Encoder, load_encoder
 from pipeline import rundir
 from stages import augment, pretrain, strip
 from stages.backbones import build_backbone
-from stages.pretrain import config_for_run
+from stages.runspec import config_for_run
 
 IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
@@ -44,7 +44,7 @@ def test_stripped_encoder_pt_normalises_rgb_pixels_itself(tmp_path, tiny_overrid
     backbone.load_state_dict({k[len("backbone."):]: v for k, v in ckpt["model"].items() if k.startswith("backbone.")})
     backbone.eval()
 
-    encoder, state = load_encoder(strip.encoder_path(out))
+    encoder, state = load_encoder(rundir.encoder_path(out))
     pixels = _pixels()
     with torch.no_grad():
         got = encoder(pixels.float())

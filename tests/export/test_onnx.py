@@ -18,10 +18,11 @@ from pipeline import rundir
 from stages import pretrain
 from stages.convert import ExportConfig
 from stages.convert import run as export
-from stages.pretrain import config_for_run
+from stages.runspec import config_for_run
 from stages.strip import StripConfig, encoder_path
 from stages.strip import run as strip
-from stages.trace import TraceConfig, load_traced
+from export.traced import load_traced
+from stages.trace import TraceConfig
 from stages.trace import run as trace
 
 FLOAT = onnx.TensorProto.FLOAT

@@ -19,7 +19,7 @@ from pipeline import rundir
 from pipeline.errors import PipelineError
 from stages import convert, pretrain
 from stages.convert import SIDECAR, artifact_digest
-from stages.pretrain import config_for_run
+from stages.runspec import config_for_run
 from stages.strip import StripConfig, encoder_path
 from stages.strip import run as strip
 from stages.trace import file_sha256

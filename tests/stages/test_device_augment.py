@@ -7,6 +7,8 @@ import torch
 import torchvision.transforms.v2.functional as TF
 
 from stages import augment, device_augment, pretrain
+from stages import training
+from stages import runspec
 from stages.data import make_synthetic
 
 
@@ -119,9 +121,9 @@ def test_batches_are_a_pure_function_of_seed_epoch_batch_and_shards_add_up():
 
 
 def test_mode_dispatch():
-    assert augment.augment_mode("auto", torch.device("cpu")) == "cpu"
-    assert augment.augment_mode("auto", torch.device("cuda")) == "device"
-    assert augment.augment_mode("cpu", torch.device("cuda")) == "cpu"
+    assert training.augment_mode("auto", torch.device("cpu")) == "cpu"
+    assert training.augment_mode("auto", torch.device("cuda")) == "device"
+    assert training.augment_mode("cpu", torch.device("cuda")) == "cpu"
 
 
 def test_pretrain_with_device_augment_resumes_exactly(tmp_path, tiny_overrides):
@@ -129,7 +131,7 @@ def test_pretrain_with_device_augment_resumes_exactly(tmp_path, tiny_overrides):
 
     def run(name, resume=False, **extra):
         out = tmp_path / name
-        cfg = pretrain.config_for_run(None, {**base, **extra} if not resume else extra, out, resume)
+        cfg = runspec.config_for_run(None, {**base, **extra} if not resume else extra, out, resume)
         return pretrain.run(cfg, out, resume=resume, say=lambda *_: None)
 
     run("full")

@@ -12,6 +12,8 @@ import torch.multiprocessing as mp
 from pipeline.device import precision_for
 from pipeline.errors import PipelineError
 from stages import distributed, pretrain
+from stages import runspec
+from stages import configs
 from stages.methods.mocov3 import info_nce
 from stages.methods.simclr import nt_xent
 
@@ -56,7 +58,7 @@ def _worker(rank, port, out):
     # the methods' forward (eval-mode BatchNorm: per-image, so shards see what the whole batch sees) under DDP
     for method in ("simclr", "mocov3"):
         torch.manual_seed(0)
-        model, _ = pretrain.build_model(pretrain.resolve(pretrain.PretrainConfig(**_tiny(method))))
+        model, _ = runspec.build_model(runspec.resolve(configs.PretrainConfig(**_tiny(method))))
         model.eval()
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         x1, x2 = (x[rank * 4:(rank + 1) * 4] for x in _views())
@@ -67,7 +69,7 @@ def _worker(rank, port, out):
     # 2-process pretraining: uninterrupted vs stopped after 3 steps and resumed; momentum networks per rank
     run = _tiny("mocov3", queue_size=8)
     for name, overrides, resume in [("full", run, False), ("part", {**run, "max_steps": 2}, False), ("part", {"max_steps": 0}, True)]:
-        cfg = pretrain.config_for_run(None, overrides, out / name, resume)
+        cfg = runspec.config_for_run(None, overrides, out / name, resume)
         done = pretrain.run(cfg, out / name, resume=resume, say=lambda *_: None)
         dist.barrier()  # rank 0's checkpoint is on disk before anyone reads it
     res["momentum"] = {k: v.clone() for k, v in done["model"].momentum_backbone.state_dict().items()}
@@ -112,7 +114,7 @@ def _mocov3_loss_and_gradients_equal_one_process_on_the_global_batch(res):
 
 def _method_forward_under_ddp_equals_one_process(res, method):
     torch.manual_seed(0)
-    model, _ = pretrain.build_model(pretrain.resolve(pretrain.PretrainConfig(**_tiny(method))))
+    model, _ = runspec.build_model(runspec.resolve(configs.PretrainConfig(**_tiny(method))))
     model.eval()
     loss = model(*_views(), precision_for(torch.device("cpu")))
     loss.backward()
@@ -137,7 +139,7 @@ def _two_process_run_resumes_exactly_and_only_with_two(out):
         assert torch.equal(v, b["model"][k]), k
     assert "2 process(es) x 4 images per process = global batch 8" in (out / "full/config.yaml").read_text()
     with pytest.raises(PipelineError, match="trained by 2 process"):
-        cfg = pretrain.config_for_run(None, {"max_steps": 0}, out / "full", True)
+        cfg = runspec.config_for_run(None, {"max_steps": 0}, out / "full", True)
         pretrain.run(cfg, out / "full", resume=True, say=lambda *_: None)
 
 

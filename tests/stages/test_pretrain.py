@@ -10,7 +10,9 @@ from pipeline import rundir
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
 from stages import pretrain
-from stages.pretrain import PretrainConfig, config_for_run, resolve
+from stages import training
+from stages.configs import PretrainConfig
+from stages.runspec import config_for_run, resolve
 
 # First three logged losses of the tiny seeded CPU run for each method (conftest.TINY, 3 steps).
 # A change here is a behaviour change of the loss, the augmentation, the init or the data order: look before
@@ -190,12 +192,12 @@ def test_resolve_fills_method_defaults():
 
 def test_cuda_graphs_policy():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert pretrain.use_cuda_graphs("auto", cuda, 1, compiled=False)
-    assert not pretrain.use_cuda_graphs("off", cuda, 1, compiled=False)
+    assert training.use_cuda_graphs("auto", cuda, 1, compiled=False)
+    assert not training.use_cuda_graphs("off", cuda, 1, compiled=False)
     for device, world, compiled in [(cpu, 1, False), (cuda, 2, False), (cuda, 1, True)]:
-        assert not pretrain.use_cuda_graphs("auto", device, world, compiled)
+        assert not training.use_cuda_graphs("auto", device, world, compiled)
         with pytest.raises(PipelineError, match="--cuda-graphs on needs one CUDA process"):
-            pretrain.use_cuda_graphs("on", device, world, compiled)
+            training.use_cuda_graphs("on", device, world, compiled)
 
 
 def test_cuda_graphs_on_without_cuda_is_a_clean_error(tmp_path, tiny_overrides):
@@ -228,12 +230,12 @@ def test_training_step_never_waits_for_the_device(tiny_overrides, method):
 
     extra = {"queue_size": 16} if method == "mocov3" else {}
     cfg = resolve(PretrainConfig(**{**tiny_overrides, "method": method, **extra}))
-    t, _ = pretrain.build_training(cfg, torch.device("cpu"), steps_per_epoch=4)
+    t, _ = training.build_training(cfg, torch.device("cpu"), steps_per_epoch=4)
     x = [torch.rand(cfg.batch_size, 3, 16, 16) for _ in range(2)]
     for step in range(2):
-        pretrain.train_step(t, *x, step)
+        training.train_step(t, *x, step)
     with Ops() as ops:
-        pretrain.train_step(t, *x, 2)
+        training.train_step(t, *x, 2)
     assert "aten.convolution" in ops.seen or "aten.convolution_backward" in ops.seen  # the mode saw the step
     assert not sorted(ops.seen & set(SYNCING_OPS)), f"{method}: {sorted(ops.seen & set(SYNCING_OPS))}"
 

@@ -12,7 +12,8 @@ from pipeline.errors import PipelineError
 from stages import augment, pretrain, recipes
 from stages.data import count_train_images, load_data, make_split
 from stages.methods import byol, mocov3, simclr
-from stages.pretrain import PretrainConfig, config_for_run, resolve
+from stages.configs import PretrainConfig
+from stages.runspec import config_for_run, resolve
 
 
 @pytest.mark.parametrize("n_train, steps, size, expected", [

@@ -9,7 +9,7 @@ from PIL import Image
 from pipeline import rundir
 from pipeline.errors import PipelineError
 from stages import pretrain
-from stages.pretrain import config_for_run
+from stages.runspec import config_for_run
 
 REFUSED = [  # field, the run's value, a changed one
     ("method", "simclr", "byol"),

@@ -11,7 +11,8 @@ from export.encoder import load_encoder
 from pipeline import rundir
 from stages import pretrain
 from stages.backbones import BACKBONES, build_backbone
-from stages.pretrain import PretrainConfig, build_model, config_for_run
+from stages.configs import PretrainConfig
+from stages.runspec import build_model, config_for_run
 from stages.strip import StripConfig, encoder_path, run
 from tests.cli_helpers import assert_one_line_error as _one_line_error
 from tests.cli_helpers import cli as _cli

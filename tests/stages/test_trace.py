@@ -15,10 +15,11 @@ from pipeline.cli import main
 from pipeline.errors import PipelineError
 from stages import pretrain
 from stages import trace as trace_stage
-from stages.pretrain import config_for_run
+from stages.runspec import config_for_run
 from stages.strip import StripConfig, encoder_path
 from stages.strip import run as strip
-from stages.trace import TRACE_INFO, TraceConfig, load_traced
+from export.traced import TRACE_INFO, load_traced
+from stages.trace import TraceConfig
 
 
 def _stripped(tmp_path: Path, overrides: dict) -> Path:

@@ -21,6 +21,7 @@ from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
 from stages import validate
+from stages import runspec
 from stages.validate import PARITY, ValidateConfig
 
 TINY = dict(data="synthetic:96", backbone="resnet18", image_size=16, batch_size=16, epochs=1, max_steps=2,
@@ -37,7 +38,7 @@ def _build_exported_run(root: Path) -> Path:
     from stages import convert, pretrain, strip, trace
 
     run = root / "run"
-    pretrain.run(pretrain.config_for_run(None, TINY, run, False), run, say=_quiet)
+    pretrain.run(runspec.config_for_run(None, TINY, run, False), run, say=_quiet)
     strip.run(strip.StripConfig(), run, say=_quiet)
     trace.run(trace.TraceConfig(), run, say=_quiet)
     convert.run(load_config(convert.ExportConfig, None, {}), run, say=_quiet)  # all formats, default precisions
