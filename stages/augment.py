@@ -23,19 +23,12 @@ import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
+from stages.methods import METHODS
 from stages.preprocess import PIL_PREPROCESS, TORCH_PREPROCESS
 from stages.views import MEAN, STD, ViewRecipe, blur_kernel_size
 
-# SimCLR (Chen et al. 2020, App. A): colour-jitter strength 1.0 -> (0.8, 0.8, 0.8, 0.2), blur on half the views.
-_SIMCLR = ViewRecipe(brightness=0.8, contrast=0.8, saturation=0.8, hue=0.2, blur_p=0.5)
-# BYOL (Grill et al. 2020, Table 6), also used by MoCo v3: asymmetric views; blur always on view 1, solarize on view 2.
-_BYOL_1 = ViewRecipe(blur_p=1.0, solarize_p=0.0)
-_BYOL_2 = ViewRecipe(blur_p=0.1, solarize_p=0.2)
-RECIPES: dict[str, tuple[ViewRecipe, ViewRecipe]] = {
-    "simclr": (_SIMCLR, _SIMCLR),
-    "byol": (_BYOL_1, _BYOL_2),
-    "mocov3": (_BYOL_1, _BYOL_2),
-}
+# Each method's paper views, from its spec (stages/methods/*.py).
+RECIPES: dict[str, tuple[ViewRecipe, ViewRecipe]] = {name: spec.views for name, spec in METHODS.items()}
 
 
 def recipes_for(method: str, image_size: int) -> tuple[ViewRecipe, ViewRecipe]:

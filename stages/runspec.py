@@ -38,12 +38,11 @@ def chosen_recipe(cfg: PretrainConfig) -> tuple[str, str]:
 
 
 def resolve(cfg: PretrainConfig) -> PretrainConfig:
-    """Fill every None with the chosen recipe's value for the method (stages/recipes.py), so config.yaml records
+    """Fill every None the method uses with the chosen recipe's value (stages/recipes.py), so config.yaml records
     what actually ran; `recipe` itself stays as asked (run() records the one chosen)."""
     name, _ = chosen_recipe(cfg)
-    defaults = {"temperature": 0.5, "proj_dim": 128, "proj_hidden_dim": 2048, "pred_hidden_dim": 4096,
-                "momentum_base": 0.99, "queue_size": 0, **recipes.values(name, cfg.method)}
-    filled = {k: (defaults[k] if getattr(cfg, k) is None and k in defaults else getattr(cfg, k)) for k in to_dict(cfg)}
+    values = recipes.values(name, cfg.method)  # an option the method does not use (BYOL's temperature) stays None
+    filled = {k: (values[k] if getattr(cfg, k) is None and k in values else getattr(cfg, k)) for k in to_dict(cfg)}
     return PretrainConfig(**filled)
 
 
@@ -101,7 +100,7 @@ def seed_everything(seed: int) -> None:
 def build_model(cfg: PretrainConfig) -> tuple[torch.nn.Module, int]:
     """The method's module around a fresh backbone; later stages rebuild it from the stored config."""
     backbone, feat_dim = build_backbone(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size))
-    return METHODS[cfg.method](backbone, feat_dim, cfg), feat_dim
+    return METHODS[cfg.method].build(backbone, feat_dim, cfg), feat_dim
 
 
 def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) -> PretrainConfig:
