@@ -1,5 +1,5 @@
 """Core ML preprocessing models: the per-image pixel work of the CPU augmentation path as small ML Programs, so a
-Dataset's __getitem__ on a Mac can hand it to the Neural Engine / GPU instead of the CPU workers (issue 8).
+Dataset's __getitem__ on a Mac can hand it to the Neural Engine / GPU instead of the CPU workers.
 
 Each model is written with coremltools' MIL builder from torchvision's definition of the same transform
 (`stages.preprocess.TorchPreprocess` is the reference it is tested against), for one fixed image side: the random

@@ -29,6 +29,9 @@ EXPORT = "export"
 VALIDATE = "validate"
 REPORT = "report.html"  # written by `pipeline report`; `pipeline show` points at it
 ENCODER = "export/encoder.pt"  # the stripped backbone (`pipeline strip`), what trace and export start from
+# checkpoints/*.pt keys: `pipeline pretrain` writes them, --resume, strip and linear-eval read them.
+CKPT_MODEL, CKPT_OPTIMIZER, CKPT_SCHEDULER, CKPT_SCALER = "model", "optimizer", "scheduler", "scaler"
+CKPT_STEP, CKPT_EPOCHS_DONE, CKPT_RNG, CKPT_CONFIG, CKPT_META = "step", "epochs_done", "rng", "config", "meta"
 SIDECAR = "encoder.json"  # in export/: every artifact with its format, size and sha256 (the Swift demo reads it)
 
 
@@ -58,7 +61,7 @@ def write_json_atomic(path: Path | str, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def torch_save_atomic(obj: Any, path: Path | str) -> None:
+def torch_save_atomic(path: Path | str, obj: Any) -> None:
     import torch
 
     with atomic_path(path) as tmp:
@@ -105,7 +108,7 @@ def load_checkpoint(path: Path | str, map_location: str = "cpu", mmap: bool = Fa
         ckpt = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
     except Exception as e:  # torch raises several types for truncated zips / pickles
         raise PipelineError(f"checkpoint {path} is unreadable or truncated ({type(e).__name__}): re-run pretraining") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+    if not isinstance(ckpt, dict) or CKPT_MODEL not in ckpt or CKPT_CONFIG not in ckpt:
         raise PipelineError(f"{path} is not a checkpoint written by `pipeline pretrain`")
     return ckpt
 

@@ -6,7 +6,7 @@ draws for an image depend only on (seed, epoch, index): results do not depend on
 sees the same views as an uninterrupted one.
 
 `apply_view` is the float reference (torchvision's ops on tensors). Training's per-image path makes its views with
-`uint8_view` instead (issue 17): the same row of parameters applied to uint8 PIL images by Pillow's C ops, as
+`uint8_view` instead: the same row of parameters applied to uint8 PIL images by Pillow's C ops, as
 torchvision does on PIL images, within a few uint8 levels of the reference and several times faster; blur is
 Pillow's box-approximated Gaussian (tests/stages/test_augment.py bounds both).
 """
@@ -40,9 +40,9 @@ def recipes_for(method: str, image_size: int) -> tuple[ViewRecipe, ViewRecipe]:
 
 
 def sample_params(n: int, recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dict[str, torch.Tensor]:
-    """Per-image random parameters for one view of n square images of side src_size. Drawn with numpy: a batch of
-    512 rows costs ~0.4 ms on a slow core where torch's small-tensor ops took 1.3 ms, and the device path draws
-    two views of every batch on the host between GPU steps (issue 6)."""
+    """Per-image random parameters for one view of n square images of side src_size. Drawn with numpy: many small
+    draws cost far less in numpy than as torch's small-tensor ops, and the device path draws two views of every
+    batch on the host between GPU steps."""
 
     def u(lo, hi, shape=(n,)):
         return lo + (hi - lo) * g.random(shape)

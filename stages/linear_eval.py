@@ -73,7 +73,7 @@ def load_trained_backbone(run_dir: Path) -> tuple[torch.nn.Module, PretrainConfi
     cfg = read_run(run_dir, ckpt)
     model, _ = build_model(cfg)
     try:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(ckpt[rundir.CKPT_MODEL])
     except RuntimeError as e:
         raise PipelineError(f"{path}: weights do not fit {cfg.method}/{cfg.backbone} ({str(e).splitlines()[0]})") from None
     return model.backbone, cfg, ckpt
@@ -195,7 +195,7 @@ def cached_features(path: Path, backbone: torch.nn.Module, step: int, data: Imag
     train = extract_features(backbone, data.images[torch.as_tensor(split["train"], dtype=torch.long)], image_size, device, batch_size)
     val = extract_features(backbone, data.images[torch.as_tensor(split["val"], dtype=torch.long)], image_size, device, batch_size)
     backbone.cpu()
-    rundir.torch_save_atomic({"key": key, "train": train, "val": val, "device": str(device)}, path)
+    rundir.torch_save_atomic(path, {"key": key, "train": train, "val": val, "device": str(device)})
     return train, val, str(device)
 
 
@@ -352,11 +352,11 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
     hashes = {"pretrained": weights_sha256(trained), "random": weights_sha256(baseline)}
     if hashes["pretrained"] == hashes["random"]:
         say(f"warning: the backbone in {run_dir / rundir.LAST_CHECKPOINT} equals its random init: it was never trained")
-    say(f"linear-eval of {run_dir} (step {ckpt['step']}) on {data.spec}: {len(split['train'])} train / "
+    say(f"linear-eval of {run_dir} (step {ckpt[rundir.CKPT_STEP]}) on {data.spec}: {len(split['train'])} train / "
         f"{len(split['val'])} val images, features on {device}, fp32")
 
     feats, devices = {}, {}
-    for which, net, step in (("pretrained", trained, ckpt["step"]), ("random", baseline, 0)):
+    for which, net, step in (("pretrained", trained, ckpt[rundir.CKPT_STEP]), ("random", baseline, 0)):
         train_x, val_x, devices[which] = cached_features(eval_dir / f"features_{which}{tag}.pt", net, step, data, split,
                                                          run_cfg.image_size, device, cfg.batch_size, say)
         feats[which] = (train_x, val_x)
@@ -383,7 +383,7 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
                 "temperature": cfg.knn_temperature, "majority_k": cfg.majority_k,
                 "majority_k_used": min(cfg.majority_k, len(train_y))},
     }
-    out["checkpoint"] = {"path": str(run_dir / rundir.LAST_CHECKPOINT), "step": ckpt["step"], "epochs_done": ckpt.get("epochs_done"),
+    out["checkpoint"] = {"path": str(run_dir / rundir.LAST_CHECKPOINT), "step": ckpt[rundir.CKPT_STEP], "epochs_done": ckpt.get(rundir.CKPT_EPOCHS_DONE),
                          "method": run_cfg.method, "backbone": run_cfg.backbone, "weights_sha256": hashes["pretrained"]}
     out["baseline_init"] = {"seed": run_cfg.seed, "weights_sha256": hashes["random"],
                             "how": "seed_everything(seed) then build_model(config): the weights pretraining started from"}

@@ -1,8 +1,8 @@
-"""Where the per-image pixel work of the CPU augmentation path runs (issue 8): colour jitter, grayscale and
+"""Where the per-image pixel work of the CPU augmentation path runs: colour jitter, grayscale and
 Gaussian blur of stages/augment.apply_view.
 
 BACKENDS:
-- torch: the pixel work stays in the DataLoader worker, on uint8 images (PilPreprocess, issue 17): Pillow's C ops
+- torch: the pixel work stays in the DataLoader worker, on uint8 images (PilPreprocess): Pillow's C ops
   where they compute what torchvision's float ops compute (colour matrices, rounded once), numpy integer
   arithmetic for hue, scipy's separable filter for blur. What torchvision does on PIL images, only closer to the
   float reference (each op within half a uint8 level of it on the same input) and faster. TorchPreprocess,

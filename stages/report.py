@@ -168,7 +168,7 @@ class Run:
 
         def read():
             ckpt = rundir.load_checkpoint(path, mmap=True)  # the weights are never read, only the step and meta
-            return {"step": ckpt.get("step"), "epochs_done": ckpt.get("epochs_done"), **(ckpt.get("meta") or {})}
+            return {"step": ckpt.get(rundir.CKPT_STEP), "epochs_done": ckpt.get(rundir.CKPT_EPOCHS_DONE), **(ckpt.get(rundir.CKPT_META) or {})}
 
         return self._once("checkpoint", read)
 

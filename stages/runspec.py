@@ -131,7 +131,7 @@ def read_run(run_dir: Path, ckpt: dict | None = None) -> PretrainConfig:
     if not path.is_file():
         raise PipelineError(f"no {rundir.CONFIG} in {run_dir}: the run directory is incomplete (re-run `pipeline pretrain`)")
     cfg = load_config(PretrainConfig, path)
-    saved = (ckpt or {}).get("config") or {}
+    saved = (ckpt or {}).get(rundir.CKPT_CONFIG) or {}
     for key in ARCHITECTURE_KEYS:
         if key in saved and saved[key] != getattr(cfg, key):
             raise PipelineError(f"{run_dir / rundir.LAST_CHECKPOINT} was trained with {key}={saved[key]!r} but {path} says "

@@ -95,21 +95,21 @@ def run(cfg: StripConfig, run_dir: Path, say=print) -> dict:
     if pcfg.image_size < min_image_size(small):
         raise PipelineError(f"{run_dir / rundir.CONFIG}: image_size {pcfg.image_size} is below {min_image_size(small)} for this stem")
     model, feat_dim = build_model(pcfg)
-    _load_strict(model, ckpt["model"], ckpt_path, pcfg)
+    _load_strict(model, ckpt[rundir.CKPT_MODEL], ckpt_path, pcfg)
     kept, dropped = strip_projection_head(model, pcfg)
     proof = prove_strip(model, kept, pcfg, feat_dim, cfg.proof_batch, cfg.seed)
-    meta = ckpt.get("meta") or {}
+    meta = ckpt.get(rundir.CKPT_META) or {}
     state = {
         "state_dict": kept, "backbone": pcfg.backbone, "small_stem": small, "feat_dim": feat_dim,
         "image_size": pcfg.image_size, "mean": list(meta.get("mean", MEAN)), "std": list(meta.get("std", STD)),
         "l2_normalize": cfg.l2_normalize,
-        "metadata": {"method": pcfg.method, "run_id": run_dir.resolve().name, "step": ckpt.get("step"),
-                     "epochs_done": ckpt.get("epochs_done"), "epochs": pcfg.epochs, "data": pcfg.data,
+        "metadata": {"method": pcfg.method, "run_id": run_dir.resolve().name, "step": ckpt.get(rundir.CKPT_STEP),
+                     "epochs_done": ckpt.get(rundir.CKPT_EPOCHS_DONE), "epochs": pcfg.epochs, "data": pcfg.data,
                      "seed": pcfg.seed, "pipeline_version": __version__, "checkpoint": str(ckpt_path),
                      **dropped, "proof": proof},
     }
     out = encoder_path(run_dir)
-    rundir.torch_save_atomic(state, out)
+    rundir.torch_save_atomic(out, state)
     say(f"stripped {pcfg.method}/{pcfg.backbone}: kept {dropped['kept_params']:,} backbone parameters, dropped "
         f"{dropped['dropped_params']:,} ({', '.join(dropped['dropped_modules']) or 'nothing'}); features equal the "
         f"full model's on {cfg.proof_batch} random images; {feat_dim}-d -> {out}")

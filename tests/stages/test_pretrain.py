@@ -123,7 +123,7 @@ def test_last_checkpoint_written_by_time_and_at_the_end(tmp_path, tiny_overrides
     passed (0 = every epoch) and always at the end."""
     written = []
     real = rundir.torch_save_atomic
-    monkeypatch.setattr(rundir, "torch_save_atomic", lambda obj, path: (written.append(obj["step"]), real(obj, path)))
+    monkeypatch.setattr(rundir, "torch_save_atomic", lambda path, obj: (written.append(obj["step"]), real(path, obj)))
     _run(tmp_path, {**tiny_overrides, "epochs": 3, "checkpoint_every_s": every_s})
     spe = torch.load(tmp_path / "run" / rundir.LAST_CHECKPOINT, weights_only=False)["meta"]["steps_per_epoch"]
     assert written == [spe * (i + 1) for i in range(3)][-writes:]
