@@ -20,7 +20,6 @@ coreml where Core ML cannot run is a one-line error naming why.
 from __future__ import annotations
 
 import math
-import platform
 
 import numpy as np
 import torch

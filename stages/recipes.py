@@ -21,7 +21,6 @@ import dataclasses
 
 from stages import augment
 from stages.methods import METHODS
-from stages.methods.spec import Recipe  # noqa: F401  (the type of every RECIPES entry)
 
 # auto picks the papers' recipe only for a run the papers tuned it on: ImageNet-like images, sets and step counts
 # (SimCLR's shortest ImageNet schedule, 100 epochs at batch 4096, is ~31k steps). Anything smaller gets the small

@@ -6,10 +6,9 @@ import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
 
-from stages import augment, device_augment, pretrain
-from stages import training
-from stages import runspec
+from stages import augment, device_augment, training
 from stages.data import make_synthetic
+from tests.tiny_run import pretrain_tiny
 
 
 def _reference(images, p, out):
@@ -130,9 +129,7 @@ def test_pretrain_with_device_augment_resumes_exactly(tmp_path, tiny_overrides):
     base = {**tiny_overrides, "augment": "device", "epochs": 2, "data": "synthetic:40", "image_size": 8}
 
     def run(name, resume=False, **extra):
-        out = tmp_path / name
-        cfg = runspec.config_for_run(None, {**base, **extra} if not resume else extra, out, resume)
-        return pretrain.run(cfg, out, resume=resume, say=lambda *_: None)
+        return pretrain_tiny(tmp_path / name, resume, **(extra if resume else {**base, **extra}))
 
     run("full")
     run("part", max_steps=3)

@@ -11,9 +11,7 @@ import torch.multiprocessing as mp
 
 from pipeline.device import precision_for
 from pipeline.errors import PipelineError
-from stages import distributed, pretrain
-from stages import runspec
-from stages import configs
+from stages import configs, distributed, pretrain, runspec
 from stages.methods.mocov3 import info_nce
 from stages.methods.simclr import nt_xent
 

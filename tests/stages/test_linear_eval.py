@@ -15,26 +15,24 @@ from pipeline import rundir
 from pipeline.cli import main
 from pipeline.errors import PipelineError
 from stages import linear_eval as le
-from stages import runspec, training
-from stages import configs
-from stages import pretrain
+from stages import configs, runspec, training
 from stages.backbones import build_backbone
 from stages.data import ImageData
 from stages.features import extract_features
 from stages.knn import make_monitor
+from tests import tiny_run
 
-# 8 px (the small stem's minimum) keeps every forward pass cheap; nothing here needs good features.
-TINY = dict(data="synthetic:24", backbone="resnet18", image_size=8, batch_size=8, epochs=2, proj_hidden_dim=32,
-            proj_dim=16, pred_hidden_dim=32, device="cpu", num_workers=0, warmup_epochs=0.5, log_every=1, seed=0)
+# The tiny run at 8 px (the small stem's minimum) keeps every forward pass cheap; nothing here needs good features.
+TINY = dict(tiny_run.TINY, data="synthetic:24", image_size=8)
 QUIET = dict(say=lambda *_: None)
 FEW = dict(device="cpu", labels_per_class=3, label_draws=2)  # 2 draws, not 5: each costs 2 x 16 probe fits
 FOLDER_CFG = configs.PretrainConfig(**{**TINY, "image_size": 16, "val_fraction": 0.25})  # 4 images a class: 1 to val
 
 
 def _pretrain(out, **over):
-    cfg = runspec.config_for_run(None, {**TINY, **over}, out, False)
-    pretrain.run(cfg, out, **QUIET)
-    return cfg
+    """The tiny run at 8 px into `out`; its resolved config (config.yaml)."""
+    tiny_run.pretrain_tiny(out, **{**TINY, **over})
+    return runspec.read_run(out)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import math
 import pytest
 import torch
 
-from stages import pretrain
 from stages import training
 from stages.configs import PretrainConfig
 from stages.runspec import resolve

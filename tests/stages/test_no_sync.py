@@ -13,7 +13,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from stages import pretrain
 from stages import training
 from stages.configs import PretrainConfig
 from stages.runspec import resolve

@@ -17,10 +17,9 @@ from click.testing import CliRunner
 from export import coreml_runtime, mil_eval
 from pipeline import cli
 from pipeline.errors import PipelineError
-from stages import augment, preprocess, pretrain
-from stages import runspec
-from stages import bench
+from stages import augment, bench, preprocess
 from tests.stages.test_pretrain import PIN_RTOL, PINNED, _losses
+from tests.tiny_run import pretrain_tiny
 
 SIZE, STORE = 48, 55  # a view side with a 5-tap blur (reflect padding two deep); 8/7 of it, a folder store
 # The Core ML backend's view against torch's, both before uint8: the color_jitter, grayscale and blur models'
@@ -133,9 +132,7 @@ def test_pretraining_with_preprocess_auto_on_linux(tmp_path, tiny_overrides, on_
     """auto on Linux is the torch backend, which is the reference path: the pinned losses, and the log says why."""
     lines = []
     out = tmp_path / "run"
-    cfg = runspec.config_for_run(None, {**tiny_overrides, "max_steps": 3, "preprocess": "auto", "augment": "cpu",
-                                         "recipe": "paper"}, out, resume=False)
-    pretrain.run(cfg, out, say=lines.append)
+    pretrain_tiny(out, say=lines.append, max_steps=3, preprocess="auto", augment="cpu", recipe="paper")
     assert _losses(out) == pytest.approx(PINNED["simclr"], rel=PIN_RTOL["simclr"])
     setup = [line for line in lines if line.startswith("pretraining ")]
     assert "preprocess torch (auto: Core ML cannot run here: Core ML runs only on macOS (this is Linux))" in setup[0]
