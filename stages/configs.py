@@ -7,6 +7,7 @@ tests/pipeline/test_configs.py checks that the name tuples here equal the regist
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from export.formats import COREML_CHOICES, FORMATS, TO_CHOICES
@@ -132,24 +133,31 @@ class ValidateConfig:
 
 
 
+def as_in(cls, name: str, default=dataclasses.MISSING):
+    """Another config's option, reused as it is declared there (its default unless given, reason, choices): an
+    option two stages share is declared once."""
+    f = cls.__dataclass_fields__[name]
+    return dataclasses.field(default=f.default if default is dataclasses.MISSING else default, metadata=f.metadata)
+
+
 @dataclass
 class BenchConfig:
-    method: str = opt("simclr", "SSL method", choices=METHOD_NAMES)
-    backbone: str = opt("resnet18", "torchvision ResNet", choices=BACKBONE_NAMES)
-    image_size: int = opt(32, "training crop side; 32 = CIFAR-size, the small stem (BENCHMARKS.md's first configuration)")
+    # The options of the step it times are pretraining's own (PretrainConfig, above).
+    method: str = as_in(PretrainConfig, "method")
+    backbone: str = as_in(PretrainConfig, "backbone")
+    image_size: int = as_in(PretrainConfig, "image_size")
     batch_size: int | None = opt(None, "global batch; None = 512 on a GPU, 8 on a CPU (finishes within a minute on 2 cores)")
     store_size: int = opt(0, "side of the stored images; 0 = the crop side up to 64 px (CIFAR-like), 8/7 of it above (ImageNet-like)")
-    device: str = opt("auto", "auto picks mps > cuda > cpu", choices=("auto", "cpu", "cuda", "mps"))
-    augment: str = opt("auto", "device | cpu (DataLoader workers: the usual recipe); auto = device on cuda/mps", choices=AUGMENT_MODES)
-    num_workers: int = opt(-1, "workers for --augment cpu; -1 = one per spare core, up to 8")
-    channels_last: str = opt("auto", "NHWC memory format; auto = on for CUDA", choices=("auto", "on", "off"))
-    compile: bool = opt(False, "torch.compile the backbone (compile time stays in the warm-up)")
-    cuda_graphs: str = opt("auto", "the backbone's forward and backward as CUDA graphs (as pretraining); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
-    precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU", choices=("auto", "fp32"))
+    device: str = as_in(PretrainConfig, "device")
+    augment: str = as_in(PretrainConfig, "augment")
+    num_workers: int = as_in(PretrainConfig, "num_workers")
+    channels_last: str = as_in(PretrainConfig, "channels_last")
+    compile: bool = as_in(PretrainConfig, "compile")
+    cuda_graphs: str = as_in(PretrainConfig, "cuda_graphs")
+    precision: str = as_in(PretrainConfig, "precision")
     warmup: int | None = opt(None, "untimed steps before each phase (cuDNN autotuning, allocator growth, worker start); None = 10 on a GPU, 1 on a CPU")
     windows: int | None = opt(None, "timed windows per phase, median reported; None = 5 on a GPU, 3 on a CPU")
     window_steps: int | None = opt(None, "steps per window; None = 20 on a GPU, 1 on a CPU")
-    seed: int = opt(0, "seeds init and augmentation draws")
+    seed: int = as_in(PretrainConfig, "seed")
     profile: str = opt("", "CUDA: also record one window of each phase with torch.profiler into this folder (Chrome traces) and report GPU-busy %, host ms per step and the top kernels: tells a host-bound step from a GPU-bound one")
-    preprocess: str | None = opt(None, "instead of training, time each per-image preprocessing op (jitter, grayscale, blur, resize+normalise, a training item's two views) on this backend: torch, or coreml (macOS); batch x window-steps images per window", choices=("torch", "coreml"))
-
+    preprocess: str | None = opt(None, "instead of training, time each per-image preprocessing op (jitter, grayscale, blur, a training item's two views) on this backend: torch, or coreml (macOS); batch x window-steps images per window", choices=("torch", "coreml"))
