@@ -14,7 +14,7 @@ EVAL_SRC     := stages/linear_eval.py stages/runspec.py stages/knn.py stages/fea
 EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/coreml.py export/onnx_format.py \
                 export/metadata.py export/quiet.py export/traced.py stages/configs.py
 VALIDATE_SRC := stages/validate.py stages/runspec.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
-REPORT_SRC   := stages/report.py stages/report_figures.py
+REPORT_SRC   := stages/report.py stages/report_figures.py stages/runspec.py
 
 # the toolchain's usual place, for a shell that starts without /opt/swift on PATH
 SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
