@@ -199,13 +199,13 @@ class Run:
 
     def data(self):
         """The run's labelled images (stages.data), checked against split.json's sources."""
-        from stages.data import load_data, store_size_for
-        from stages.runspec import recorded_split
+        from stages.data import load_data
+        from stages.runspec import read_run, recorded_split, store_size_for
 
         def read():
-            cfg, _ = self.config()["values"], self.split()  # a missing split says which command makes it
-            data = load_data(cfg["data"], store_size_for(cfg["data"], cfg["image_size"], cfg.get("store_size") or 0),
-                             seed=cfg.get("seed", 0))
+            self.config(), self.split()  # a missing config.yaml or split.json says which command makes it
+            cfg = read_run(self.dir)
+            data = load_data(cfg.data, store_size_for(cfg), seed=cfg.seed)
             recorded_split(self.dir, data)  # refuses images that changed since the run
             return data
 
