@@ -7,13 +7,14 @@ RUN    ?= runs/default
 CONFIG ?= configs/default.yaml
 STAMP  := $(VENV)/.installed
 
-PRETRAIN_SRC := stages/pretrain.py stages/recipes.py stages/augment.py stages/device_augment.py stages/data.py stages/backbones.py \
-                stages/optim.py stages/distributed.py $(wildcard stages/methods/*.py)
-EVAL_SRC     := stages/linear_eval.py stages/knn.py stages/features.py
+PRETRAIN_SRC := stages/pretrain.py stages/runspec.py stages/training.py stages/recipes.py stages/views.py stages/augment.py \
+                stages/device_augment.py stages/preprocess.py stages/data.py stages/backbones.py stages/optim.py \
+                stages/distributed.py stages/configs.py $(wildcard stages/methods/*.py)
+EVAL_SRC     := stages/linear_eval.py stages/runspec.py stages/knn.py stages/features.py
 EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/coreml.py export/onnx_format.py \
-                export/metadata.py export/quiet.py stages/configs.py
-VALIDATE_SRC := stages/validate.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
-REPORT_SRC   := stages/report.py stages/report_figures.py
+                export/metadata.py export/quiet.py export/traced.py stages/configs.py
+VALIDATE_SRC := stages/validate.py stages/runspec.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
+REPORT_SRC   := stages/report.py stages/report_figures.py stages/runspec.py
 
 # the toolchain's usual place, for a shell that starts without /opt/swift on PATH
 SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
@@ -36,10 +37,10 @@ $(RUN)/checkpoints/last.pt: $(STAMP) $(CONFIG) $(PRETRAIN_SRC)
 $(RUN)/eval/linear.json: $(RUN)/checkpoints/last.pt $(EVAL_SRC)
 	$(BIN)/pipeline linear-eval --run $(RUN) --labels-per-class 5
 
-$(RUN)/export/encoder.pt: $(RUN)/checkpoints/last.pt stages/strip.py export/encoder.py
+$(RUN)/export/encoder.pt: $(RUN)/checkpoints/last.pt stages/strip.py stages/runspec.py export/encoder.py
 	$(BIN)/pipeline strip --run $(RUN)
 
-$(RUN)/export/trace.json: $(RUN)/export/encoder.pt stages/trace.py
+$(RUN)/export/trace.json: $(RUN)/export/encoder.pt stages/trace.py export/traced.py
 	$(BIN)/pipeline trace --run $(RUN)
 
 # linear.json is a prerequisite so its top-1 lands in every artifact's metadata
@@ -73,8 +74,8 @@ browser:
 # Mutation testing of the critical modules (README "Tests"), not part of `make test`: mutmut mutates one function at a
 # time and runs the tests that reach it. Narrow it with e.g. `make mutation MUTANTS='stages.knn.*'`.
 MUTANTS ?= stages.knn.x_[kwt]* stages.knn.x_majority* export.parity.* stages.validate.x_gate* stages.validate.x_check* stages.linear_eval.x_probes* \
-           stages.methods.* export.encoder.* stages.pretrain.x_validate* stages.pretrain.x_config_for_run* \
-           stages.pretrain.x_resolve* pipeline.config.* stages.augment.* stages.device_augment.*
+           stages.methods.* export.encoder.* stages.runspec.x_validate* stages.runspec.x_config_for_run* \
+           stages.runspec.x_resolve* pipeline.config.* stages.augment.* stages.device_augment.*
 mutation: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,mutation]' 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/mutmut run $(foreach m,$(MUTANTS),'$(m)')

@@ -5,7 +5,9 @@ and pick other conv algorithms in each process state). Usage (a CUDA machine): p
 
 import torch
 
-from stages.pretrain import PretrainConfig, build_training, resolve, seed_everything, train_step
+from stages.configs import PretrainConfig
+from stages.training import build_training, train_step
+from stages.runspec import resolve, seed_everything
 
 device = torch.device("cuda")
 STEPS, BATCH, SIZE = 20, 128, 32

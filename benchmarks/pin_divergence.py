@@ -40,14 +40,11 @@ VARIANTS = [
 
 def tiny_losses(method: str, **overrides) -> list[float]:
     """The pinned run (tests/stages/test_pretrain.py::test_pinned_losses), three logged losses."""
-    from stages import pretrain
-    from tests.conftest import TINY
     from tests.stages.test_pretrain import PIN_EXTRA
+    from tests.tiny_run import pretrain_tiny
 
     out = Path(tempfile.mkdtemp()) / "run"
-    cfg = pretrain.config_for_run(None, {**TINY, "method": method, "max_steps": 3, **PIN_EXTRA[method],
-                                         **overrides}, out, False)
-    pretrain.run(cfg, out, resume=False, say=lambda *_: None)
+    pretrain_tiny(out, **{"method": method, "max_steps": 3, **PIN_EXTRA[method], **overrides})
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 

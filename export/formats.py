@@ -53,7 +53,8 @@ FORMATS: dict[str, Format] = {
     # writes 18 and cannot down-convert (its version converter fails on the Reduce ops)
 }
 TO_CHOICES = ("coreml", "onnx", "all")
-COREML_FORMATS = {"mlpackage": ("mlpackage",), "mlmodel": ("mlmodel",), "both": ("mlpackage", "mlmodel")}
+COREML_FORMATS = tuple(key for key, f in FORMATS.items() if f.to == "coreml")  # the Core ML files
+COREML_CHOICES = {**{key: (key,) for key in COREML_FORMATS}, "both": COREML_FORMATS}  # --coreml-format -> formats
 OPTION_NAMES = tuple(sorted({name for f in FORMATS.values() for name in f.options}))
 
 
@@ -66,11 +67,11 @@ def select_formats(to: str, coreml_format: str | None, precision: str | None, op
     `None` means "not given": each format then uses its own default from the table."""
     if to not in TO_CHOICES:
         raise PipelineError(f"--to {to!r}: unknown format; use one of {', '.join(TO_CHOICES)}")
-    if coreml_format is not None and coreml_format not in COREML_FORMATS:
-        raise PipelineError(f"--coreml-format {coreml_format!r}: use one of {', '.join(COREML_FORMATS)}")
+    if coreml_format is not None and coreml_format not in COREML_CHOICES:
+        raise PipelineError(f"--coreml-format {coreml_format!r}: use one of {', '.join(COREML_CHOICES)}")
     if coreml_format is not None and to == "onnx":
         raise PipelineError(f"--coreml-format {coreml_format} needs --to coreml or --to all (--to onnx writes no Core ML)")
-    coreml_keys = COREML_FORMATS[coreml_format or "both"]
+    coreml_keys = COREML_CHOICES[coreml_format or "both"]
     chosen = [f for f in FORMATS.values() if to in (f.to, "all") and (f.to != "coreml" or f.key in coreml_keys)]
     for name, value in options.items():
         if name not in OPTION_NAMES:

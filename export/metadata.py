@@ -14,8 +14,8 @@ from typing import Any
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME
 from pipeline import __version__, rundir
+from stages.methods import METHODS
 
-METHOD_NAMES = {"simclr": "SimCLR", "byol": "BYOL", "mocov3": "MoCo v3"}
 BACKBONE_NAMES = {"resnet18": "ResNet-18", "resnet34": "ResNet-34", "resnet50": "ResNet-50"}
 LINEAR_EVAL = "linear.json"  # in RUN/eval/, written by `pipeline linear-eval`
 
@@ -48,7 +48,7 @@ def build_metadata(run_dir: Path, state: dict, trace_info: dict, author: str, li
         "license": license_,
         "version": version or f"{__version__}+{run_id}.e{epochs}",
         "description": description or (
-            f"{METHOD_NAMES.get(method, method)} {BACKBONE_NAMES.get(backbone, backbone)} image encoder: RGB "
+            f"{METHODS[method].title if method in METHODS else method} {BACKBONE_NAMES.get(backbone, backbone)} image encoder: RGB "
             f"{size}x{size} image -> {dim}-d {'L2-normalised ' if l2 else ''}embedding"),
         "method": method,
         "backbone": backbone,

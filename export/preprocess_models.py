@@ -1,15 +1,14 @@
 """Core ML preprocessing models: the per-image pixel work of the CPU augmentation path as small ML Programs, so a
-Dataset's __getitem__ on a Mac can hand it to the Neural Engine / GPU instead of the CPU workers (issue 8).
+Dataset's __getitem__ on a Mac can hand it to the Neural Engine / GPU instead of the CPU workers.
 
 Each model is written with coremltools' MIL builder from torchvision's definition of the same transform
 (`stages.preprocess.TorchPreprocess` is the reference it is tested against), for one fixed image side: the random
 draws (blur sigma, jitter factors and their order) are inputs drawn in Python, so a model is a pure function of its
 inputs. Only ops the reference evaluator (export/mil_eval.py) runs are used, so each model is checked on Linux.
 
-Tensors: image in and out as fp32 1 x 3 x S x S (values 0..1; resize_normalize takes pixels 0..255 and returns
-normalised values); each factor an fp32 (1,). Compute in fp16, what the Neural Engine computes in, except the blur
-kernel (k numbers: free) and the contrast mean, a sum over every pixel (50k at 224 px) that fp16 would round far
-coarser than the pixels themselves: both stay fp32.
+Tensors: image in and out as fp32 1 x 3 x S x S (values 0..1); each factor an fp32 (1,). Compute in fp16, what the
+Neural Engine computes in, except the blur kernel (k numbers: free) and the contrast mean, a sum over every pixel
+(50k at 224 px) that fp16 would round far coarser than the pixels themselves: both stay fp32.
 
 `build_cached(name, **dims)` writes ~/.cache/ssl-edge-pipeline/preprocess/<name>-<dims>-<hash>.mlpackage once
 (atomically, one builder at a time); the hash covers this file and the coremltools version, so a changed builder
@@ -28,17 +27,15 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from pipeline.errors import PipelineError
-from stages.augment import MEAN, STD, blur_kernel_size
+from stages.views import JITTER_OPS, blur_kernel_size
 
 INPUT = "image"
 OUTPUT = "output"
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights (ITU-R 601-2)
-JITTER_OPS = ("brightness", "contrast", "saturation")  # color_jitter's `order` codes 0, 1, 2
-JITTER_SKIP = 3  # an `order` code that leaves the image as it is (a round with no op)
+BLEND_OPS = JITTER_OPS[:3]  # the jitter ops color_jitter computes, by their codes in the draws (hue stays in torch)
+JITTER_SKIP = len(JITTER_OPS)  # an `order` code no jitter op has: a round that leaves the image as it is
 FP32_PREFIX = "fp32_"  # ops named so stay fp32 in the fp16 program
 DEPLOYMENT_TARGET = "macOS13"  # its opset (iOS16) holds every op used here; the models only ever run on a training Mac
 CACHE_ENV = "SSL_EDGE_CACHE"  # overrides the cache root (default ~/.cache/ssl-edge-pipeline)
@@ -104,20 +101,20 @@ def gaussian_blur(size: int):
 def color_jitter(size: int):
     """image, brightness, contrast, saturation, order -> torchvision's adjust_brightness / adjust_contrast /
     adjust_saturation, in the order given: order (3,) int32 holds the op of each round (0 brightness, 1 contrast,
-    2 saturation, 3 none). All three are one blend y = clamp(a*x + s*grey(x) + c*mean(grey(x)), 0, 1):
+    2 saturation, JITTER_SKIP none). All three are one blend y = clamp(a*x + s*grey(x) + c*mean(grey(x)), 0, 1):
     brightness a=f; contrast a=f, c=1-f; saturation a=f, s=1-f; none a=1 (x itself). Each round computes the
     blend with the coefficients its order code selects, so any order runs in one call with no control flow."""
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import types
 
-    specs = _specs(size, JITTER_OPS) + [mb.TensorSpec(shape=(3,), dtype=types.int32)]
+    specs = _specs(size, BLEND_OPS) + [mb.TensorSpec(shape=(3,), dtype=types.int32)]
 
     @mb.program(input_specs=specs, opset_version=_target())
     def prog(image, brightness, contrast, saturation, order):
         x = image
         for r in range(3):
             op = mb.slice_by_index(x=order, begin=[r], end=[r + 1])
-            is_b, is_c, is_s = (mb.equal(x=op, y=np.int32(code)) for code in range(3))
+            is_b, is_c, is_s = (mb.equal(x=op, y=np.int32(code)) for code in range(len(BLEND_OPS)))
             a = mb.select(cond=is_b, a=brightness,
                           b=mb.select(cond=is_c, a=contrast, b=mb.select(cond=is_s, a=saturation, b=np.float32(1))))
             c = mb.select(cond=is_c, a=mb.sub(x=np.float32(1), y=contrast), b=np.float32(0))
@@ -142,44 +139,16 @@ def grayscale(size: int):
     return prog
 
 
-def resize_weights(src_size: int, size: int) -> np.ndarray:
-    """(src, out): torch's antialiased bilinear resize of one axis as a matrix, read off torch itself by resizing
-    the identity (the resize is linear, so column o holds output pixel o's weights over the source pixels)."""
-    eye = torch.eye(src_size, dtype=torch.float64)[None, None]
-    return F.interpolate(eye, size=(src_size, size), mode="bilinear", antialias=True, align_corners=False)[0, 0].numpy()
-
-
-def resize_normalize(size: int, src_size: int):
-    """image (pixels 0..255, src x src) -> TF.resize(antialias=True) to size x size, then / 255 and normalised
-    with the ImageNet statistics: two matmuls with the fixed resize matrices, then one scale and shift per
-    channel (1/255 folded into the scale)."""
-    from coremltools.converters.mil import Builder as mb
-
-    cols = resize_weights(src_size, size).astype(np.float32)  # (src, out)
-    scale = (1 / (255 * np.array(STD, np.float64))).astype(np.float32).reshape(1, 3, 1, 1)
-    shift = (-np.array(MEAN, np.float64) / np.array(STD, np.float64)).astype(np.float32).reshape(1, 3, 1, 1)
-
-    @mb.program(input_specs=_specs(src_size), opset_version=_target())
-    def prog(image):
-        x = mb.matmul(x=np.ascontiguousarray(cols.T), y=image)  # rows: (out, src) @ (src, src)
-        x = mb.matmul(x=x, y=cols)  # columns
-        return mb.add(x=mb.mul(x=x, y=scale), y=shift, name=OUTPUT)
-
-    return prog
-
-
 # name -> builder(**dims) returning a MIL program; its inputs after `image`, in order, are `MODEL_INPUTS[name]`.
 MODELS: dict[str, Callable] = {
     "gaussian_blur": gaussian_blur,
     "color_jitter": color_jitter,
     "grayscale": grayscale,
-    "resize_normalize": resize_normalize,
 }
 MODEL_INPUTS: dict[str, tuple[str, ...]] = {
     "gaussian_blur": ("sigma",),
-    "color_jitter": (*JITTER_OPS, "order"),
+    "color_jitter": (*BLEND_OPS, "order"),
     "grayscale": (),
-    "resize_normalize": (),
 }
 
 

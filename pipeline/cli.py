@@ -52,13 +52,13 @@ def _pretrain_command():
     def pretrain(config_file, out, resume, gpus, **overrides):
         """Self-supervised pretraining (SimCLR, BYOL or MoCo v3) into a run directory."""
         from pipeline.rundir import DEFAULT_RUN
-        from stages import distributed
+        from stages import distributed, runspec
         from stages import pretrain as stage
 
         run_dir = Path(out) if out else DEFAULT_RUN
         if out is None:
             click.echo(f"using run {run_dir}")
-        cfg = stage.config_for_run(config_file, overrides, run_dir, resume)  # a bad option fails here, once
+        cfg = runspec.config_for_run(config_file, overrides, run_dir, resume)  # a bad option fails here, once
         if gpus is not None and gpus != 1 and not distributed.launched():
             args = ["pretrain", *as_flags(overrides), "--out", str(run_dir)]
             args += (["--config", config_file] if config_file else []) + (["--resume"] if resume else [])

@@ -3,6 +3,7 @@ so an interrupted stage never leaves a half-written file where a finished one wa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -27,6 +28,11 @@ EVAL = "eval"
 EXPORT = "export"
 VALIDATE = "validate"
 REPORT = "report.html"  # written by `pipeline report`; `pipeline show` points at it
+ENCODER = "export/encoder.pt"  # the stripped backbone (`pipeline strip`), what trace and export start from
+# checkpoints/*.pt keys: `pipeline pretrain` writes them, --resume, strip and linear-eval read them.
+CKPT_MODEL, CKPT_OPTIMIZER, CKPT_SCHEDULER, CKPT_SCALER = "model", "optimizer", "scheduler", "scaler"
+CKPT_STEP, CKPT_EPOCHS_DONE, CKPT_RNG, CKPT_CONFIG, CKPT_META = "step", "epochs_done", "rng", "config", "meta"
+SIDECAR = "encoder.json"  # in export/: every artifact with its format, size and sha256 (the Swift demo reads it)
 
 
 @contextmanager
@@ -55,7 +61,7 @@ def write_json_atomic(path: Path | str, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def torch_save_atomic(obj: Any, path: Path | str) -> None:
+def torch_save_atomic(path: Path | str, obj: Any) -> None:
     import torch
 
     with atomic_path(path) as tmp:
@@ -102,6 +108,35 @@ def load_checkpoint(path: Path | str, map_location: str = "cpu", mmap: bool = Fa
         ckpt = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
     except Exception as e:  # torch raises several types for truncated zips / pickles
         raise PipelineError(f"checkpoint {path} is unreadable or truncated ({type(e).__name__}): re-run pretraining") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+    if not isinstance(ckpt, dict) or CKPT_MODEL not in ckpt or CKPT_CONFIG not in ckpt:
         raise PipelineError(f"{path} is not a checkpoint written by `pipeline pretrain`")
     return ckpt
+
+
+def encoder_path(run_dir: Path) -> Path:
+    return Path(run_dir) / ENCODER
+
+
+def file_sha256(path: Path | str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def artifact_digest(path: Path) -> tuple[int, str]:
+    """(size in bytes, sha256). For a directory (.mlpackage): the sum of file sizes, and sha256 over, for each
+    file in sorted relative-path order, its relative path, a NUL byte, its size as 8 bytes and its contents."""
+    if path.is_file():
+        return path.stat().st_size, file_sha256(path)
+    h, size = hashlib.sha256(), 0
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = f.relative_to(path).as_posix().encode()
+        n = f.stat().st_size
+        h.update(rel + b"\0" + n.to_bytes(8, "little"))
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        size += n
+    return size, h.hexdigest()

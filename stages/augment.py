@@ -6,7 +6,7 @@ draws for an image depend only on (seed, epoch, index): results do not depend on
 sees the same views as an uninterrupted one.
 
 `apply_view` is the float reference (torchvision's ops on tensors). Training's per-image path makes its views with
-`uint8_view` instead (issue 17): the same row of parameters applied to uint8 PIL images by Pillow's C ops, as
+`uint8_view` instead: the same row of parameters applied to uint8 PIL images by Pillow's C ops, as
 torchvision does on PIL images, within a few uint8 levels of the reference and several times faster; blur is
 Pillow's box-approximated Gaussian (tests/stages/test_augment.py bounds both).
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,39 +22,12 @@ import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
+from stages.methods import METHODS
 from stages.preprocess import PIL_PREPROCESS, TORCH_PREPROCESS
+from stages.views import MEAN, STD, ViewRecipe, blur_kernel_size
 
-# ImageNet statistics: what every torchvision ResNet recipe normalises with; stored in checkpoints and exports.
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-
-
-@dataclass(frozen=True)
-class ViewRecipe:
-    crop_scale: tuple[float, float] = (0.08, 1.0)
-    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    flip_p: float = 0.5
-    jitter_p: float = 0.8
-    brightness: float = 0.4
-    contrast: float = 0.4
-    saturation: float = 0.2
-    hue: float = 0.1
-    gray_p: float = 0.2
-    blur_p: float = 0.0
-    blur_sigma: tuple[float, float] = (0.1, 2.0)
-    solarize_p: float = 0.0
-
-
-# SimCLR (Chen et al. 2020, App. A): colour-jitter strength 1.0 -> (0.8, 0.8, 0.8, 0.2), blur on half the views.
-_SIMCLR = ViewRecipe(brightness=0.8, contrast=0.8, saturation=0.8, hue=0.2, blur_p=0.5)
-# BYOL (Grill et al. 2020, Table 6), also used by MoCo v3: asymmetric views; blur always on view 1, solarize on view 2.
-_BYOL_1 = ViewRecipe(blur_p=1.0, solarize_p=0.0)
-_BYOL_2 = ViewRecipe(blur_p=0.1, solarize_p=0.2)
-RECIPES: dict[str, tuple[ViewRecipe, ViewRecipe]] = {
-    "simclr": (_SIMCLR, _SIMCLR),
-    "byol": (_BYOL_1, _BYOL_2),
-    "mocov3": (_BYOL_1, _BYOL_2),
-}
+# Each method's paper views, from its spec (stages/methods/*.py).
+RECIPES: dict[str, tuple[ViewRecipe, ViewRecipe]] = {name: spec.views for name, spec in METHODS.items()}
 
 
 def recipes_for(method: str, image_size: int) -> tuple[ViewRecipe, ViewRecipe]:
@@ -66,16 +38,10 @@ def recipes_for(method: str, image_size: int) -> tuple[ViewRecipe, ViewRecipe]:
     return v1, v2
 
 
-def blur_kernel_size(image_size: int) -> int:
-    """10% of the image side, odd (SimCLR's choice: 23 px at 224)."""
-    k = int(0.1 * image_size)
-    return max(3, k + 1 - k % 2)
-
-
 def sample_params(n: int, recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dict[str, torch.Tensor]:
-    """Per-image random parameters for one view of n square images of side src_size. Drawn with numpy: a batch of
-    512 rows costs ~0.4 ms on a slow core where torch's small-tensor ops took 1.3 ms, and the device path draws
-    two views of every batch on the host between GPU steps (issue 6)."""
+    """Per-image random parameters for one view of n square images of side src_size. Drawn with numpy: many small
+    draws cost far less in numpy than as torch's small-tensor ops, and the device path draws two views of every
+    batch on the host between GPU steps."""
 
     def u(lo, hi, shape=(n,)):
         return lo + (hi - lo) * g.random(shape)
@@ -285,28 +251,3 @@ def cpu_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: i
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     for v1, v2 in loader:
         yield normalize(v1, device).contiguous(memory_format=fmt), normalize(v2, device).contiguous(memory_format=fmt)
-
-
-
-
-def augment_mode(requested: str, device: torch.device) -> str:
-    """auto: on the training device when it is an accelerator (CPU workers cannot keep a GPU fed: issue 6's
-    measurement), in CPU workers otherwise (the reference path, and on a CPU it is the same silicon anyway)."""
-    if requested == "auto":
-        return "device" if device.type in ("cuda", "mps") else "cpu"
-    return requested
-
-
-def view_batches(mode: str, images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
-                 start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
-                 channels_last: bool = False, preprocess=PIL_PREPROCESS):
-    """The one place training batches come from: (x1, x2) per step, by the CPU path or the device path
-    (stages/device_augment.py); mode is `augment_mode`'s answer. `preprocess` (stages/preprocess.py) serves the
-    CPU path only."""
-    if mode == "device":
-        from stages.device_augment import device_view_batches
-
-        return device_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device,
-                                   shard, channels_last)
-    return cpu_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device, num_workers,
-                            shard, channels_last, preprocess)

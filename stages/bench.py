@@ -1,7 +1,7 @@
 """`pipeline bench`: pretraining throughput in one process, end to end and against the model-step ceiling.
 
 For one configuration it reports
-- e2e img/s: the training step (pretrain.train_step) fed by the real batch source (augment.view_batches: the
+- e2e img/s: the training step (training.train_step) fed by the real batch source (training.view_batches: the
   device path, or CPU DataLoader workers with --augment cpu), reading each loss one step late as the loop does;
 - ceiling img/s: the same step on two ready views already on the device (no augmentation, no data movement);
 - ratio = e2e / ceiling; data-wait %: share of the e2e time the host spent waiting for its next batch (for the
@@ -18,19 +18,25 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 import resource
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from PIL import Image
 
 from pipeline.device import select_device
 from pipeline.errors import PipelineError
-from stages.configs import BenchConfig
-from stages import augment, distributed
-from stages.pretrain import PretrainConfig, build_training, default_workers, keep_on_device, resolve, train_step, validate
+from stages import augment, distributed, preprocess
+from stages.configs import BenchConfig, PretrainConfig
+from stages.data import store_size_for
+from stages.runspec import resolve, validate
+from stages.training import augment_mode, build_training, default_workers, keep_on_device, train_step, view_batches
 
 
 def _sync(device: torch.device) -> None:
@@ -45,8 +51,8 @@ SETTLE_WINDOWS = 3  # on a GPU, at most this many extra untimed windows until tw
 
 def _windows(step, warmup: int, windows: int, steps: int, device: torch.device) -> list[tuple[float, float]]:
     """Run `step` (returns host seconds spent waiting for data) warmup times; on a GPU, then untimed windows until
-    the rate settles (allocator pools, compile workers and clocks take a while after the first steps: seen on an
-    H200, where a fixed warm-up left the first windows of a run slower); then `windows` timed windows of `steps`
+    the rate settles (allocator pools, compile workers and clocks take a while after the first steps: a fixed
+    warm-up left the first windows of a run slower); then `windows` timed windows of `steps`
     calls. Returns (seconds, waited seconds) per timed window."""
     def window() -> tuple[float, float]:
         _sync(device)
@@ -136,50 +142,81 @@ def _reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def run(cfg: BenchConfig, say=print) -> dict:
-    device = distributed.setup(select_device(cfg.device))
-    world, rank = distributed.world_size(), distributed.rank()
+@dataclass
+class Plan:
+    """One benchmark's sizes: the options, or their defaults for this device."""
+
+    batch: int
+    warmup: int
+    windows: int
+    steps: int
+    store: int
+
+
+def plan(cfg: BenchConfig, device: torch.device, world: int) -> Plan:
     gpu = device.type != "cpu"
-    batch = cfg.batch_size if cfg.batch_size is not None else (512 if gpu else 8)
-    warmup = cfg.warmup if cfg.warmup is not None else (10 if gpu else 1)
-    windows = cfg.windows if cfg.windows is not None else (5 if gpu else 3)
-    steps = cfg.window_steps if cfg.window_steps is not None else (20 if gpu else 1)
-    if batch < 2:
-        raise PipelineError(f"batch size must be at least 2, got {batch}")
-    if batch % world:
-        raise PipelineError(f"batch size {batch} does not split over {world} processes: use a multiple of {world}")
+    # The stored side of the data the noise stands in for: CIFAR-like arrays up to 64 px, ImageNet-like folders
+    # above (decoded at 8/7 of the crop); the rule every reader of a run's images uses (stages/data.py).
+    like = "cifar10:" if cfg.image_size <= 64 else "folder:"
+    p = Plan(batch=cfg.batch_size if cfg.batch_size is not None else (512 if gpu else 8),
+             warmup=cfg.warmup if cfg.warmup is not None else (10 if gpu else 1),
+             windows=cfg.windows if cfg.windows is not None else (5 if gpu else 3),
+             steps=cfg.window_steps if cfg.window_steps is not None else (20 if gpu else 1),
+             store=store_size_for(like, cfg.image_size, cfg.store_size))
+    if p.batch < 2:
+        raise PipelineError(f"batch size must be at least 2, got {p.batch}")
+    if p.batch % world:
+        raise PipelineError(f"batch size {p.batch} does not split over {world} processes: use a multiple of {world}")
     if cfg.profile and device.type != "cuda":
         raise PipelineError(f"--profile records CUDA kernels: it needs --device cuda (this is {device.type})")
-    if min(warmup, windows - 1, steps - 1) < 0:
+    if min(p.warmup, p.windows - 1, p.steps - 1) < 0:
         raise PipelineError("--warmup must be >= 0, --windows and --window-steps >= 1")
-    pcfg = resolve(PretrainConfig(method=cfg.method, backbone=cfg.backbone, image_size=cfg.image_size,
-                                  batch_size=batch, device=cfg.device, precision=cfg.precision, augment=cfg.augment,
-                                  num_workers=cfg.num_workers, channels_last=cfg.channels_last, compile=cfg.compile,
-                                  cuda_graphs=cfg.cuda_graphs,
-                                  seed=cfg.seed, epochs=1, warmup_epochs=0.0))
-    validate(pcfg)
-    torch.manual_seed(cfg.seed)
-    store = cfg.store_size or (cfg.image_size if cfg.image_size <= 64 else round(cfg.image_size * 8 / 7))
-    if store < cfg.image_size:
-        raise PipelineError(f"store size {store} is smaller than image size {cfg.image_size}")
-    if cfg.preprocess:  # issue 8: per-image preprocessing alone (stages/preprocess.py), no training
-        from stages.preprocess import time_per_image
+    return p
 
-        return time_per_image(cfg.preprocess, cfg.method, cfg.image_size, store, batch * steps, windows, warmup, cfg.seed)
-    mode = augment.augment_mode(cfg.augment, device)
-    settle = (SETTLE_WINDOWS + 1) * steps if gpu and warmup else 0
+
+def pretrain_config(cfg: BenchConfig, p: Plan) -> PretrainConfig:
+    """The pretraining config of the step to time, resolved and checked as `pipeline pretrain` would."""
+    pcfg = resolve(PretrainConfig(method=cfg.method, backbone=cfg.backbone, image_size=cfg.image_size,
+                                  batch_size=p.batch, store_size=p.store, device=cfg.device, precision=cfg.precision,
+                                  augment=cfg.augment, num_workers=cfg.num_workers, channels_last=cfg.channels_last,
+                                  compile=cfg.compile, cuda_graphs=cfg.cuda_graphs, seed=cfg.seed, epochs=1,
+                                  warmup_epochs=0.0))
+    validate(pcfg)
+    return pcfg
+
+
+def run(cfg: BenchConfig, say=print) -> dict:
+    """The step alone on ready views (ceiling), then fed by the real batch source (end to end)."""
+    device = distributed.setup(select_device(cfg.device))
+    finished = False
+    try:
+        result = measure(cfg, device)
+        finished = True
+    finally:
+        distributed.cleanup(wait=finished)
+    return result
+
+
+def measure(cfg: BenchConfig, device: torch.device) -> dict:
+    world, rank = distributed.world_size(), distributed.rank()
+    p = plan(cfg, device, world)
+    pcfg = pretrain_config(cfg, p)
+    torch.manual_seed(cfg.seed)
+    if cfg.preprocess:  # per-image preprocessing alone (stages/preprocess.py), no training
+        return time_per_image(cfg.preprocess, cfg.method, cfg.image_size, p.store, p.batch * p.steps, p.windows,
+                              p.warmup, cfg.seed)
+    mode = augment_mode(cfg.augment, device)
+    settle = (SETTLE_WINDOWS + 1) * p.steps if device.type != "cpu" and p.warmup else 0
     # e2e warm-up, settling, windows, the profiled window, then the augment-only window
-    batches = warmup + settle + (windows + 1 + bool(cfg.profile)) * steps
+    batches = p.warmup + settle + (p.windows + 1 + bool(cfg.profile)) * p.steps
     # A pool of distinct noise images tiled to one long epoch: generating every image would take longer than the run.
-    pool = torch.randint(0, 256, (min(batch, 1024), 3, store, store), dtype=torch.uint8,
+    pool = torch.randint(0, 256, (min(p.batch, 1024), 3, p.store, p.store), dtype=torch.uint8,
                          generator=torch.Generator().manual_seed(cfg.seed))
-    images = pool.repeat(-(-batch * batches // pool.shape[0]), 1, 1, 1)[: batch * batches]
+    images = pool.repeat(-(-p.batch * batches // pool.shape[0]), 1, 1, 1)[: p.batch * batches]
     if mode == "device":
         images = keep_on_device(images, device)
     training, _ = build_training(pcfg, device, steps_per_epoch=2 * batches)  # schedule spans both phases
     training.model.train()
-    per_rank = batch // world
-    fmt = torch.channels_last if training.channels_last else torch.contiguous_format
     state = {"step": 0, "last": None}
 
     def fed(x1, x2) -> None:
@@ -190,25 +227,20 @@ def run(cfg: BenchConfig, say=print) -> dict:
         state["last"] = loss
 
     # ceiling: two ready views on the device, the same step
-    ready = [torch.randn(per_rank, 3, cfg.image_size, cfg.image_size, device=device).contiguous(memory_format=fmt)
+    fmt = torch.channels_last if training.channels_last else torch.contiguous_format
+    ready = [torch.randn(p.batch // world, 3, cfg.image_size, cfg.image_size, device=device).contiguous(memory_format=fmt)
              for _ in range(2)]
 
     def ceiling_step() -> float:
         fed(*ready)
         return 0.0
 
-    _reset_peak(device)
-    ceiling = _windows(ceiling_step, warmup, windows, steps, device)
-    ceiling_peak = _peak_memory_gib(device)
-    profiled = {}
-    tag = f"rank{rank}" if world > 1 else "trace"
-    if cfg.profile:
-        profiled["ceiling"] = profile_phase(ceiling_step, steps, device, Path(cfg.profile) / f"ceiling-{tag}.json")
+    ceiling = phase(cfg, p, device, ceiling_step, "ceiling", rank, world)
 
     # end to end: the real batch source
-    recipes = augment.recipes_for(cfg.method, cfg.image_size)
-    source = iter(augment.view_batches(mode, images, recipes, cfg.image_size, batch, cfg.seed, 0, 0, device,
-                                       default_workers(cfg.num_workers), (rank, world), training.channels_last))
+    source = iter(view_batches(mode, images, augment.recipes_for(cfg.method, cfg.image_size), cfg.image_size, p.batch,
+                               cfg.seed, 0, 0, device, default_workers(cfg.num_workers), (rank, world),
+                               training.channels_last))
 
     def e2e_step() -> float:
         t0 = time.perf_counter()
@@ -217,26 +249,37 @@ def run(cfg: BenchConfig, say=print) -> dict:
         fed(x1, x2)
         return waited
 
-    _reset_peak(device)
-    e2e = _windows(e2e_step, warmup, windows, steps, device)
-    e2e_peak = _peak_memory_gib(device)
-    if cfg.profile:
-        profiled["e2e"] = profile_phase(e2e_step, steps, device, Path(cfg.profile) / f"e2e-{tag}.json")
+    e2e = phase(cfg, p, device, e2e_step, "e2e", rank, world)
 
     def augment_only() -> float:
         next(source)
         return 0.0
 
-    aug = _windows(augment_only, 0, 1, steps, device)
+    aug = _windows(augment_only, 0, 1, p.steps, device)
     source.close()  # stops DataLoader workers, if any
+    return result_of(cfg, p, device, world, mode, training, ceiling, e2e, aug)
 
+
+def phase(cfg: BenchConfig, p: Plan, device: torch.device, step, name: str, rank: int, world: int) -> dict:
+    """One phase's timed windows and peak memory (and its profile with --profile)."""
+    _reset_peak(device)
+    windows = _windows(step, p.warmup, p.windows, p.steps, device)
+    out = {"windows": windows, "peak": _peak_memory_gib(device)}
+    if cfg.profile:
+        tag = f"rank{rank}" if world > 1 else "trace"
+        out["profile"] = profile_phase(step, p.steps, device, Path(cfg.profile) / f"{name}-{tag}.json")
+    return out
+
+
+def result_of(cfg: BenchConfig, p: Plan, device: torch.device, world: int, mode: str, training, ceiling: dict,
+              e2e: dict, aug: list) -> dict:
     def img_s(ws):
-        return [batch * steps / t for t, _ in ws]
+        return [p.batch * p.steps / t for t, _ in ws]
 
-    e2e_rate, ceiling_rate = statistics.median(img_s(e2e)), statistics.median(img_s(ceiling))
+    e2e_rate, ceiling_rate = statistics.median(img_s(e2e["windows"])), statistics.median(img_s(ceiling["windows"]))
     result = {
-        "method": cfg.method, "backbone": cfg.backbone, "image_size": cfg.image_size, "store_size": store,
-        "batch_size": batch, "per_process_batch": per_rank, "processes": world, "device": str(device),
+        "method": cfg.method, "backbone": cfg.backbone, "image_size": cfg.image_size, "store_size": p.store,
+        "batch_size": p.batch, "per_process_batch": p.batch // world, "processes": world, "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "augment": mode, "num_workers": default_workers(cfg.num_workers) if mode == "cpu" else 0,
         "channels_last": training.channels_last, "compile": cfg.compile, "cuda_graphs": training.cuda_graphs,
@@ -244,22 +287,21 @@ def run(cfg: BenchConfig, say=print) -> dict:
         "torch": torch.__version__,
         "e2e_img_s": round(e2e_rate, 2), "ceiling_img_s": round(ceiling_rate, 2),
         "ratio": round(e2e_rate / ceiling_rate, 4),
-        "data_wait_pct": round(100 * statistics.median(w / t for t, w in e2e), 2),
-        "augment_ms_per_step": round(1000 * aug[0][0] / steps, 3),
-        "peak_mem_gib": round(e2e_peak, 3), "ceiling_peak_mem_gib": round(ceiling_peak, 3),
-        "windows": {"e2e_img_s": [round(v, 2) for v in img_s(e2e)], "ceiling_img_s": [round(v, 2) for v in img_s(ceiling)]},
-        "warmup": warmup, "window_steps": steps,
+        "data_wait_pct": round(100 * statistics.median(w / t for t, w in e2e["windows"]), 2),
+        "augment_ms_per_step": round(1000 * aug[0][0] / p.steps, 3),
+        "peak_mem_gib": round(e2e["peak"], 3), "ceiling_peak_mem_gib": round(ceiling["peak"], 3),
+        "windows": {"e2e_img_s": [round(v, 2) for v in img_s(e2e["windows"])],
+                    "ceiling_img_s": [round(v, 2) for v in img_s(ceiling["windows"])]},
+        "warmup": p.warmup, "window_steps": p.steps,
     }
+    profiled = {name: ph["profile"] for name, ph in (("ceiling", ceiling), ("e2e", e2e)) if "profile" in ph}
     if profiled:
         result["profile"] = profiled
-    distributed.cleanup()
     return result
 
 
 def format_table(r: dict) -> str:
     if "ms_per_image" in r:  # a --preprocess timing
-        from stages.preprocess import format_timing
-
         return format_timing(r)
     head = (f"{r['method']}/{r['backbone']} {r['image_size']} px, batch {r['batch_size']} "
             f"({r['processes']} x {r['per_process_batch']}), {r['device_name']}, augment {r['augment']}, "
@@ -271,3 +313,63 @@ def format_table(r: dict) -> str:
         rows.append((f"profile {phase}", f"{p['wall_ms_per_step']:.2f} ms/step, GPU busy {p['gpu_busy_pct']:.0f} %, "
                                          f"host waiting {p['host_wait_ms_per_step']:.2f} ms/step ({p['trace']})"))
     return "\n".join([head] + [f"  {k:<20s}{v}" for k, v in rows])
+
+
+# ---------------------------------------------------------------- `pipeline bench --preprocess`: the per-image ops alone
+
+def _median_ms(fn, items: list, windows: int, warmup: int) -> float:
+    """Median over windows of the mean ms per call of fn(item) over all items; warm-up calls (a Core ML model's
+    first prediction compiles and loads it) untimed."""
+    for item in items[:warmup]:
+        fn(item)
+    per = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        for item in items:
+            fn(item)
+        per.append(1000 * (time.perf_counter() - t0) / len(items))
+    return statistics.median(per)
+
+
+def time_per_image(choice: str, method: str, size: int, store_size: int, images: int, windows: int, warmup: int,
+                   seed: int, cache_root=None) -> dict:
+    """ms per image of each op of preprocessing backend `choice` (stages/preprocess.py) on random images and
+    parameters (SimCLR's widest jitter), and of the two views a training item costs (TwoViewDataset with
+    `method`'s recipes, crop and hue included)."""
+    name, why = preprocess.resolve_backend(choice)
+    backend = preprocess.make_backend(name, size, cache_root)
+    g = torch.Generator().manual_seed(seed)
+    views = torch.rand(images, 3, size, size, generator=g)
+    if backend.pixels == "uint8":  # the ops of a uint8 backend take PIL images
+        views = [Image.fromarray((v * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()) for v in views]
+    pixels = torch.randint(0, 256, (images, 3, store_size, store_size), dtype=torch.uint8, generator=g)
+    p = augment.sample_params(images, augment.RECIPES["simclr"][0], store_size, np.random.default_rng(seed))
+    k = augment.blur_kernel_size(size)
+    jitter = lambda i: backend.color_jitter(  # noqa: E731
+        views[i], p["jitter_order"][i].tolist(), float(p["brightness"][i]), float(p["contrast"][i]),
+        float(p["saturation"][i]), float(p["hue"][i]))
+    dataset = augment.TwoViewDataset(pixels, augment.recipes_for(method, size), size, seed, 0, backend)
+    ops = {
+        "color_jitter": jitter,
+        "grayscale": lambda i: backend.grayscale(views[i]),
+        "gaussian_blur": lambda i: backend.gaussian_blur(views[i], k, float(p["sigma"][i])),
+        "two_views": lambda i: dataset[i],
+    }
+    idx = list(range(images))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a DataLoader worker (torch gives each one thread): what __getitem__ gets
+    try:
+        ms = {op: round(_median_ms(fn, idx, windows, max(1, warmup)), 4) for op, fn in ops.items()}
+    finally:
+        torch.set_num_threads(threads)
+    return {"preprocess": name, "reason": why, "method": method, "image_size": size, "store_size": store_size,
+            "blur_kernel": k, "images_per_window": images, "windows": windows, "ms_per_image": ms,
+            "platform": f"{platform.system()} {platform.machine()}", "torch_threads": 1}
+
+
+def format_timing(r: dict) -> str:
+    head = (f"preprocess {r['preprocess']} ({r['reason']}), {r['image_size']} px views from {r['store_size']} px, "
+            f"{r['platform']}, one torch thread (as a DataLoader worker), median of {r['windows']} windows x "
+            f"{r['images_per_window']} images")
+    rows = [f"  {op:<20s}{v:8.3f} ms/image" for op, v in r["ms_per_image"].items()]
+    return "\n".join([head, *rows])

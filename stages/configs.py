@@ -7,9 +7,10 @@ tests/pipeline/test_configs.py checks that the name tuples here equal the regist
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from export.formats import COREML_FORMATS, FORMATS, TO_CHOICES
+from export.formats import COREML_CHOICES, FORMATS, TO_CHOICES
 from pipeline.config import opt
 
 METHOD_NAMES = ("simclr", "byol", "mocov3")  # = tuple(stages.methods.METHODS)
@@ -54,8 +55,8 @@ class PretrainConfig:
     augment: str = opt("auto", "where views are made: device = batched on the training GPU, cpu = per image in DataLoader workers (the reference); auto = device on cuda/mps", choices=AUGMENT_MODES)
     preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = uint8 Pillow/numpy ops in the workers; auto = coreml where Core ML runs", choices=PREPROCESS_CHOICES)
     channels_last: str = opt("auto", "NHWC memory format: about 2x faster bf16 convs on CUDA tensor cores; auto = on for CUDA only", choices=("auto", "on", "off"))
-    cuda_graphs: str = opt("auto", "replay the backbone's forward and backward as two CUDA graphs instead of launching its hundreds of kernels from Python every step (the host, not the GPU, limited small-image steps on an H200); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
-    compile: bool = opt(False, "torch.compile the backbone: off by default, it was slower than eager in issue 6's H200 measurement and takes minutes to compile")
+    cuda_graphs: str = opt("auto", "replay the backbone's forward and backward as two CUDA graphs instead of launching its hundreds of kernels from Python every step (the host, not the GPU, limits small-image steps on a fast GPU: BENCHMARKS.md); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
+    compile: bool = opt(False, "torch.compile the backbone: off by default: slower than eager where measured (README) and minutes to compile")
     sync_bn: bool = opt(False, "several GPUs: BatchNorm statistics over the global batch (SimCLR's choice), at one all-reduce per BN layer; CUDA only")
     seed: int = opt(0, "seeds init, split, order and every augmentation draw")
     max_steps: int = opt(0, "stop after this many total steps (0 = run all epochs); the schedule still spans all epochs")
@@ -105,7 +106,7 @@ class ExportConfig:
     precision: str | None = opt(None, "None = each format's default: fp16 for Core ML (half the size, the Neural "
                                       "Engine's type), fp32 for ONNX", choices=("fp16", "fp32"))
     coreml_format: str | None = opt(None, "None = both: the ML Program for iPadOS 15+, the one-file NeuralNetwork for "
-                                          "older iPads", choices=tuple(COREML_FORMATS))
+                                          "older iPads", choices=tuple(COREML_CHOICES))
     deployment_target: str | None = opt(None, "ML Program minimum OS; None = iOS16 (iPadOS 16 runs on every iPad "
                                               "since 2017)", choices=FORMATS["mlpackage"].options["deployment_target"][1])
     opset: int | None = opt(None, "ONNX opset; None = 18, the lowest the torch.export-based exporter writes natively")
@@ -133,24 +134,31 @@ class ValidateConfig:
 
 
 
+def as_in(cls, name: str, default=dataclasses.MISSING):
+    """Another config's option, reused as it is declared there (its default unless given, reason, choices): an
+    option two stages share is declared once."""
+    f = cls.__dataclass_fields__[name]
+    return dataclasses.field(default=f.default if default is dataclasses.MISSING else default, metadata=f.metadata)
+
+
 @dataclass
 class BenchConfig:
-    method: str = opt("simclr", "SSL method", choices=METHOD_NAMES)
-    backbone: str = opt("resnet18", "torchvision ResNet", choices=BACKBONE_NAMES)
-    image_size: int = opt(32, "training crop side; 32 = issue 6's first configuration (small stem)")
+    # The options of the step it times are pretraining's own (PretrainConfig, above).
+    method: str = as_in(PretrainConfig, "method")
+    backbone: str = as_in(PretrainConfig, "backbone")
+    image_size: int = as_in(PretrainConfig, "image_size")
     batch_size: int | None = opt(None, "global batch; None = 512 on a GPU, 8 on a CPU (finishes within a minute on 2 cores)")
     store_size: int = opt(0, "side of the stored images; 0 = the crop side up to 64 px (CIFAR-like), 8/7 of it above (ImageNet-like)")
-    device: str = opt("auto", "auto picks mps > cuda > cpu", choices=("auto", "cpu", "cuda", "mps"))
-    augment: str = opt("auto", "device | cpu (DataLoader workers: the usual recipe); auto = device on cuda/mps", choices=AUGMENT_MODES)
-    num_workers: int = opt(-1, "workers for --augment cpu; -1 = one per spare core, up to 8 (issue 6's usual recipe used 15)")
-    channels_last: str = opt("auto", "NHWC memory format; auto = on for CUDA", choices=("auto", "on", "off"))
-    compile: bool = opt(False, "torch.compile the backbone (compile time stays in the warm-up)")
-    cuda_graphs: str = opt("auto", "the backbone's forward and backward as CUDA graphs (as pretraining); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
-    precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU", choices=("auto", "fp32"))
+    device: str = as_in(PretrainConfig, "device")
+    augment: str = as_in(PretrainConfig, "augment")
+    num_workers: int = as_in(PretrainConfig, "num_workers")
+    channels_last: str = as_in(PretrainConfig, "channels_last")
+    compile: bool = as_in(PretrainConfig, "compile")
+    cuda_graphs: str = as_in(PretrainConfig, "cuda_graphs")
+    precision: str = as_in(PretrainConfig, "precision")
     warmup: int | None = opt(None, "untimed steps before each phase (cuDNN autotuning, allocator growth, worker start); None = 10 on a GPU, 1 on a CPU")
     windows: int | None = opt(None, "timed windows per phase, median reported; None = 5 on a GPU, 3 on a CPU")
     window_steps: int | None = opt(None, "steps per window; None = 20 on a GPU, 1 on a CPU")
-    seed: int = opt(0, "seeds init and augmentation draws")
+    seed: int = as_in(PretrainConfig, "seed")
     profile: str = opt("", "CUDA: also record one window of each phase with torch.profiler into this folder (Chrome traces) and report GPU-busy %, host ms per step and the top kernels: tells a host-bound step from a GPU-bound one")
-    preprocess: str | None = opt(None, "instead of training, time each per-image preprocessing op (jitter, grayscale, blur, resize+normalise, a training item's two views) on this backend: torch, or coreml (macOS); batch x window-steps images per window", choices=("torch", "coreml"))
-
+    preprocess: str | None = opt(None, "instead of training, time each per-image preprocessing op (jitter, grayscale, blur, a training item's two views) on this backend: torch, or coreml (macOS); batch x window-steps images per window", choices=("torch", "coreml"))

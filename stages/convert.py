@@ -9,7 +9,6 @@ conversion leaves the previous artifacts and sidecar untouched and no partial fi
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -18,30 +17,12 @@ from pathlib import Path
 from export.encoder import load_encoder
 from export.formats import FORMATS, OPTION_NAMES, select_formats
 from export.metadata import build_metadata
+from export.traced import example_input, load_traced
 from pipeline import rundir
+from pipeline.rundir import SIDECAR, artifact_digest, encoder_path
 from pipeline.errors import PipelineError
 from stages.configs import ExportConfig
-from stages.strip import encoder_path
-from stages.trace import example_input, file_sha256, load_traced
 
-SIDECAR = "encoder.json"  # in RUN/export/; the Swift demo reads it
-
-
-def artifact_digest(path: Path) -> tuple[int, str]:
-    """(size in bytes, sha256). For a directory (.mlpackage): the sum of file sizes, and sha256 over, for each
-    file in sorted relative-path order, its relative path, a NUL byte, its size as 8 bytes and its contents."""
-    if path.is_file():
-        return path.stat().st_size, file_sha256(path)
-    h, size = hashlib.sha256(), 0
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        rel = f.relative_to(path).as_posix().encode()
-        n = f.stat().st_size
-        h.update(rel + b"\0" + n.to_bytes(8, "little"))
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        size += n
-    return size, h.hexdigest()
 
 
 def _put_in_place(src: Path, dst: Path, trash: Path) -> None:

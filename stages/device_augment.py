@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from stages import augment
+from stages.views import HUE
 
 # torchvision's rgb_to_grayscale weights (ITU-R 601), as the CPU path uses them.
 GRAY = (0.2989, 0.587, 0.114)
@@ -73,9 +74,9 @@ def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict, np.ndarray]:
     m = len(p["flip"])
     # Each image's 4 jitter ops in its own order, split at hue (every order holds it): up to 3 blends before, the
     # HSV hue step once, up to 3 blends after; empty slots are identities. One hue pass for the batch instead of
-    # one per round (hue is the costly op: ~0.8 ms a round at 224 px, batch 512, on an H200).
+    # one per round (hue is the costly op).
     order = p["jitter_order"]
-    at_hue = np.argmax(order == 3, axis=1)  # position of hue in each order
+    at_hue = np.argmax(order == HUE, axis=1)  # position of hue in each order
     slot = np.arange(3)[None, :]
     before = np.where(slot < at_hue[:, None], order[:, :3], -1)
     after = np.where(slot + at_hue[:, None] + 1 < 4, np.take_along_axis(order, np.minimum(slot + at_hue[:, None] + 1, 3), 1), -1)
@@ -288,8 +289,8 @@ def _made_ahead(make, first: int, end: int, device: torch.device, per_rank: int)
     """CUDA: batches first..end-1 of `make`, each made on a side stream by a worker thread (`ahead`) while the
     caller trains on the one before. A thread, not a second process: the views stay on the GPU. It pays because
     most of a batch's host time is spent launching kernels, which torch does with the GIL released, so the
-    worker's launches run beside the training step's instead of before them: on an H200 at 32 px the host, not
-    the GPU, was the limit of a step."""
+    worker's launches run beside the training step's instead of before them: at small image sizes the host, not
+    the GPU, is the limit of a step (BENCHMARKS.md)."""
     main = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
     # Once: the images may just have been copied on the main stream. Not per batch: waiting for the main stream

@@ -79,13 +79,15 @@ def setup(device: torch.device) -> torch.device:
 _joined_here = False  # whether `setup` joined the group (then `cleanup` leaves it; a caller's own group stays)
 
 
-def cleanup() -> None:
-    """Leave the group `setup` joined, once every rank got here."""
+def cleanup(wait: bool = True) -> None:
+    """Leave the group `setup` joined: once every rank got here (wait), or at once when this rank failed (the
+    others would never reach a barrier; torchrun stops them when this process exits)."""
     global _joined_here
     if _joined_here and dist.is_initialized():
-        # NCCL's barrier needs a device; named here, torch need not guess it from the current context (and warn)
-        nccl = dist.get_backend() == "nccl"
-        dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
+        if wait:
+            # NCCL's barrier needs a device; named here, torch need not guess it from the current context (and warn)
+            nccl = dist.get_backend() == "nccl"
+            dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
         dist.destroy_process_group()
         _joined_here = False
 

@@ -29,11 +29,11 @@ import torch
 from pipeline import rundir
 from pipeline.device import select_device
 from pipeline.errors import PipelineError
-from stages.configs import EvalConfig
+from stages.configs import EvalConfig, PretrainConfig
 from stages.data import ImageData, load_data, make_split, parse_spec
 from stages.features import extract_features
 from stages.knn import knn_scores, topk_accuracy
-from stages.pretrain import PretrainConfig, build_model, seed_everything, store_size_for
+from stages.runspec import build_model, read_run, read_split, recorded_split, seed_everything, store_size_for
 
 # Inverse L2 strengths on standardised features, a decade apart from strong to weak regularisation: five fits are
 # cheap next to feature extraction, and a finer grid would mostly fit the noise of a small held-out part.
@@ -65,23 +65,15 @@ def validate(cfg: EvalConfig) -> None:
 
 # --- backbones: the trained one and the exact init it started from
 
-def config_from_checkpoint(ckpt: dict, path: Path) -> PretrainConfig:
-    known = {f.name for f in dataclasses.fields(PretrainConfig)}
-    unknown = sorted(set(ckpt["config"]) - known)
-    if unknown:
-        raise PipelineError(f"{path} was written by another pipeline version (unknown config keys: {', '.join(unknown)})")
-    return PretrainConfig(**ckpt["config"])
-
-
 def load_trained_backbone(run_dir: Path) -> tuple[torch.nn.Module, PretrainConfig, dict]:
     """(backbone, run config, checkpoint). The method module is rebuilt to load the state, then only its
     backbone is kept: projector, predictor and momentum networks are dropped with the module."""
     path = run_dir / rundir.LAST_CHECKPOINT
     ckpt = rundir.load_checkpoint(path)
-    cfg = config_from_checkpoint(ckpt, path)
+    cfg = read_run(run_dir, ckpt)
     model, _ = build_model(cfg)
     try:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(ckpt[rundir.CKPT_MODEL])
     except RuntimeError as e:
         raise PipelineError(f"{path}: weights do not fit {cfg.method}/{cfg.backbone} ({str(e).splitlines()[0]})") from None
     return model.backbone, cfg, ckpt
@@ -154,31 +146,14 @@ def check_image_size(spec: str, sources: list[str], run_cfg: PretrainConfig, run
             f"images of at least {math.ceil(run_cfg.image_size / allowed)} px")
 
 
-def _split_matches(data: ImageData, recorded: dict) -> bool:
-    """The recorded indices still point at the recorded source files / ids."""
-    if recorded["num_images"] != len(data):
-        return False
-    for part in ("train", "val"):
-        idx, src = recorded[part], recorded[f"{part}_sources"]
-        if len(idx) != len(src) or any(not 0 <= i < len(data) or data.sources[i] != s for i, s in zip(idx, src)):
-            return False
-    return True
-
-
 def eval_data(run_cfg: PretrainConfig, run_dir: Path, spec: str) -> tuple[ImageData, dict, bool]:
     """(data, split, is the run's own data). Labelled, with val images the run never pretrained on."""
-    split_path = run_dir / rundir.SPLIT
-    recorded = rundir.load_json(split_path, "split")
-    if not isinstance(recorded, dict) or not {"num_images", "train", "val", "train_sources", "val_sources"} <= set(recorded):
-        raise PipelineError(f"{split_path} is not a split written by `pipeline pretrain`: re-run pretraining")
     own = not spec or spec == run_cfg.data
     if own:
         data = load_data(run_cfg.data, store_size_for(run_cfg), seed=run_cfg.seed)
-        if not _split_matches(data, recorded):
-            raise PipelineError(f"the images of {run_cfg.data} are no longer those recorded in {split_path}: restore "
-                                f"them, or evaluate another labelled set with --data")
-        split = recorded
+        split = recorded = recorded_split(run_dir, data, "evaluate another labelled set with --data")
     else:
+        recorded = read_split(run_dir)
         data = load_data(spec, store_size_for(dataclasses.replace(run_cfg, data=spec)), seed=run_cfg.seed)
         split = make_split(data, run_cfg.val_fraction, run_cfg.seed)
     if data.labels is None:
@@ -220,7 +195,7 @@ def cached_features(path: Path, backbone: torch.nn.Module, step: int, data: Imag
     train = extract_features(backbone, data.images[torch.as_tensor(split["train"], dtype=torch.long)], image_size, device, batch_size)
     val = extract_features(backbone, data.images[torch.as_tensor(split["val"], dtype=torch.long)], image_size, device, batch_size)
     backbone.cpu()
-    rundir.torch_save_atomic({"key": key, "train": train, "val": val, "device": str(device)}, path)
+    rundir.torch_save_atomic(path, {"key": key, "train": train, "val": val, "device": str(device)})
     return train, val, str(device)
 
 
@@ -377,11 +352,11 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
     hashes = {"pretrained": weights_sha256(trained), "random": weights_sha256(baseline)}
     if hashes["pretrained"] == hashes["random"]:
         say(f"warning: the backbone in {run_dir / rundir.LAST_CHECKPOINT} equals its random init: it was never trained")
-    say(f"linear-eval of {run_dir} (step {ckpt['step']}) on {data.spec}: {len(split['train'])} train / "
+    say(f"linear-eval of {run_dir} (step {ckpt[rundir.CKPT_STEP]}) on {data.spec}: {len(split['train'])} train / "
         f"{len(split['val'])} val images, features on {device}, fp32")
 
     feats, devices = {}, {}
-    for which, net, step in (("pretrained", trained, ckpt["step"]), ("random", baseline, 0)):
+    for which, net, step in (("pretrained", trained, ckpt[rundir.CKPT_STEP]), ("random", baseline, 0)):
         train_x, val_x, devices[which] = cached_features(eval_dir / f"features_{which}{tag}.pt", net, step, data, split,
                                                          run_cfg.image_size, device, cfg.batch_size, say)
         feats[which] = (train_x, val_x)
@@ -408,7 +383,7 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
                 "temperature": cfg.knn_temperature, "majority_k": cfg.majority_k,
                 "majority_k_used": min(cfg.majority_k, len(train_y))},
     }
-    out["checkpoint"] = {"path": str(run_dir / rundir.LAST_CHECKPOINT), "step": ckpt["step"], "epochs_done": ckpt.get("epochs_done"),
+    out["checkpoint"] = {"path": str(run_dir / rundir.LAST_CHECKPOINT), "step": ckpt[rundir.CKPT_STEP], "epochs_done": ckpt.get(rundir.CKPT_EPOCHS_DONE),
                          "method": run_cfg.method, "backbone": run_cfg.backbone, "weights_sha256": hashes["pretrained"]}
     out["baseline_init"] = {"seed": run_cfg.seed, "weights_sha256": hashes["random"],
                             "how": "seed_everything(seed) then build_model(config): the weights pretraining started from"}

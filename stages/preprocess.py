@@ -1,8 +1,8 @@
-"""Where the per-image pixel work of the CPU augmentation path runs (issue 8): colour jitter, grayscale and
-Gaussian blur of stages/augment.apply_view, and resize + normalise.
+"""Where the per-image pixel work of the CPU augmentation path runs: colour jitter, grayscale and
+Gaussian blur of stages/augment.apply_view.
 
 BACKENDS:
-- torch: the pixel work stays in the DataLoader worker, on uint8 images (PilPreprocess, issue 17): Pillow's C ops
+- torch: the pixel work stays in the DataLoader worker, on uint8 images (PilPreprocess): Pillow's C ops
   where they compute what torchvision's float ops compute (colour matrices, rounded once), numpy integer
   arithmetic for hue, scipy's separable filter for blur. What torchvision does on PIL images, only closer to the
   float reference (each op within half a uint8 level of it on the same input) and faster. TorchPreprocess,
@@ -20,9 +20,6 @@ coreml where Core ML cannot run is a one-line error naming why.
 from __future__ import annotations
 
 import math
-import platform
-import statistics
-import time
 
 import numpy as np
 import torch
@@ -33,9 +30,9 @@ from scipy import ndimage
 from export import coreml_runtime
 from pipeline.errors import PipelineError
 from stages.configs import PREPROCESS_CHOICES as CHOICES
+from stages.views import HUE, blur_kernel_size
 
 COMPUTE_UNITS = "ALL"  # Core ML places each op on the Neural Engine, GPU or CPU: the point is to spare the CPU workers
-JITTER_CODES = {0: "brightness", 1: "contrast", 2: "saturation", 3: "hue"}  # augment.sample_params' jitter_order
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights (ITU-R 601-2)
 
 
@@ -48,7 +45,7 @@ class TorchPreprocess:
 
     def color_jitter(self, x: torch.Tensor, order, brightness: float, contrast: float, saturation: float,
                      hue: float) -> torch.Tensor:
-        """The four jitter ops in `order` (codes as JITTER_CODES), as torchvision's ColorJitter applies them."""
+        """The four jitter ops in `order` (codes as views.JITTER_OPS), as torchvision's ColorJitter applies them."""
         for op in order:
             if op == 0:
                 x = TF.adjust_brightness(x, brightness)
@@ -65,12 +62,6 @@ class TorchPreprocess:
 
     def gaussian_blur(self, x: torch.Tensor, kernel_size: int, sigma: float) -> torch.Tensor:
         return TF.gaussian_blur(x, [kernel_size, kernel_size], [sigma, sigma])
-
-    def resize_normalize(self, pixels: torch.Tensor, size: int) -> torch.Tensor:
-        """3 x S x S pixels 0..255 -> 3 x size x size, antialiased bilinear, / 255, normalised (ImageNet stats)."""
-        from stages.augment import MEAN, STD  # here, not at the top: stages.augment imports this module
-
-        return TF.normalize(TF.resize(pixels.float(), [size, size], antialias=True) / 255.0, MEAN, STD)
 
 
 TORCH_PREPROCESS = TorchPreprocess()
@@ -132,9 +123,9 @@ class PilPreprocess:
 
     def color_jitter(self, im: Image.Image, order, brightness: float, contrast: float, saturation: float,
                      hue: float) -> Image.Image:
-        """The four jitter ops in `order` (codes as JITTER_CODES), as torchvision's ColorJitter applies them."""
+        """The four jitter ops in `order` (codes as views.JITTER_OPS), as torchvision's ColorJitter applies them."""
         for op in order:
-            if op == 3:
+            if op == HUE:
                 im = Image.fromarray(shift_hue(np.asarray(im), hue))
                 continue
             f, offset, grey = brightness, 0.0, 0.0  # out_c = f * x_c + grey * gray(x) + offset
@@ -159,8 +150,6 @@ class PilPreprocess:
         x += 0.5  # then truncation: rounding
         return Image.fromarray(x.astype(np.uint8))
 
-    def resize_normalize(self, pixels: torch.Tensor, size: int) -> torch.Tensor:
-        return TORCH_PREPROCESS.resize_normalize(pixels, size)
 
 
 PIL_PREPROCESS = PilPreprocess()
@@ -180,7 +169,7 @@ class CoreMLPreprocess:
         from export import preprocess_models as models
 
         self.size, self.cache_root, self.compute_units = size, cache_root, compute_units
-        self.kernel_size = models.blur_kernel_size(size)
+        self.kernel_size = blur_kernel_size(size)
         self.paths = {name: models.build_cached(name, cache_root, size=size)
                       for name in ("color_jitter", "grayscale", "gaussian_blur")}
         self._loaded: dict = {}
@@ -214,14 +203,14 @@ class CoreMLPreprocess:
                    for name, v in (("brightness", brightness), ("contrast", contrast), ("saturation", saturation))}
         blends: list[int] = []
         for op in [*order, None]:  # None: the end, where a pending run is flushed
-            if op in (0, 1, 2):
+            if op is not None and op != HUE:
                 blends.append(op)
                 continue
             if blends:
                 codes = np.array(blends + [JITTER_SKIP] * (3 - len(blends)), np.int32)
                 x = self._predict("color_jitter", x, **factors, order=codes)
                 blends = []
-            if op == 3:
+            if op == HUE:
                 x = TF.adjust_hue(x, hue)
         return x
 
@@ -235,18 +224,6 @@ class CoreMLPreprocess:
             raise PipelineError(f"the Core ML blur model for {self.size} px uses a {self.kernel_size}-px kernel "
                                 f"(augment.blur_kernel_size), asked for {kernel_size}")
         return self._predict("gaussian_blur", x, sigma=np.array([sigma], np.float32))
-
-    def resize_normalize(self, pixels: torch.Tensor, size: int) -> torch.Tensor:
-        """As TorchPreprocess.resize_normalize; one model per (source side, size), built on first use."""
-        from export import preprocess_models as models
-
-        src = pixels.shape[-1]
-        if tuple(pixels.shape) != (3, src, src):
-            raise PipelineError(f"resize_normalize takes square 3 x S x S pixels, got {tuple(pixels.shape)}")
-        key = f"resize_normalize-{src}-{size}"
-        if key not in self.paths:
-            self.paths[key] = models.build_cached("resize_normalize", self.cache_root, size=size, src_size=src)
-        return self._predict(key, pixels)
 
 
 # name -> factory(view size, cache_root) of a backend
@@ -291,65 +268,3 @@ def for_training(choice: str, augment_mode: str, size: int, cache_root=None):
                                 f"(--augment {augment_mode} makes the views batched on the training device)")
         return TORCH_PREPROCESS, f"unused (--augment {augment_mode})"
     return make_backend(name, size, cache_root), f"{name} ({why})"
-
-
-# ---------------------------------------------------------------- timing, for `pipeline bench --preprocess`
-
-def _median_ms(fn, items: list, windows: int, warmup: int) -> float:
-    """Median over windows of the mean ms per call of fn(item) over all items; warm-up calls (a Core ML model's
-    first prediction compiles and loads it) untimed."""
-    for item in items[:warmup]:
-        fn(item)
-    per = []
-    for _ in range(windows):
-        t0 = time.perf_counter()
-        for item in items:
-            fn(item)
-        per.append(1000 * (time.perf_counter() - t0) / len(items))
-    return statistics.median(per)
-
-
-def time_per_image(choice: str, method: str, size: int, store_size: int, images: int, windows: int, warmup: int,
-                   seed: int, cache_root=None) -> dict:
-    """ms per image of each op of backend `choice` on random images and parameters (SimCLR's widest jitter), and
-    of the two views a training item costs (TwoViewDataset with `method`'s recipes, crop and hue included)."""
-    from stages import augment
-
-    name, why = resolve_backend(choice)
-    backend = make_backend(name, size, cache_root)
-    g = torch.Generator().manual_seed(seed)
-    views = torch.rand(images, 3, size, size, generator=g)
-    if backend.pixels == "uint8":  # the ops of a uint8 backend take PIL images
-        views = [Image.fromarray((v * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()) for v in views]
-    pixels = torch.randint(0, 256, (images, 3, store_size, store_size), dtype=torch.uint8, generator=g)
-    p = augment.sample_params(images, augment.RECIPES["simclr"][0], store_size, np.random.default_rng(seed))
-    k = augment.blur_kernel_size(size)
-    jitter = lambda i: backend.color_jitter(  # noqa: E731
-        views[i], p["jitter_order"][i].tolist(), float(p["brightness"][i]), float(p["contrast"][i]),
-        float(p["saturation"][i]), float(p["hue"][i]))
-    dataset = augment.TwoViewDataset(pixels, augment.recipes_for(method, size), size, seed, 0, backend)
-    ops = {
-        "color_jitter": jitter,
-        "grayscale": lambda i: backend.grayscale(views[i]),
-        "gaussian_blur": lambda i: backend.gaussian_blur(views[i], k, float(p["sigma"][i])),
-        "resize_normalize": lambda i: backend.resize_normalize(pixels[i], size),
-        "two_views": lambda i: dataset[i],
-    }
-    idx = list(range(images))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in a DataLoader worker (torch gives each one thread): what __getitem__ gets
-    try:
-        ms = {op: round(_median_ms(fn, idx, windows, max(1, warmup)), 4) for op, fn in ops.items()}
-    finally:
-        torch.set_num_threads(threads)
-    return {"preprocess": name, "reason": why, "method": method, "image_size": size, "store_size": store_size,
-            "blur_kernel": k, "images_per_window": images, "windows": windows, "ms_per_image": ms,
-            "platform": f"{platform.system()} {platform.machine()}", "torch_threads": 1}
-
-
-def format_timing(r: dict) -> str:
-    head = (f"preprocess {r['preprocess']} ({r['reason']}), {r['image_size']} px views from {r['store_size']} px, "
-            f"{r['platform']}, one torch thread (as a DataLoader worker), median of {r['windows']} windows x "
-            f"{r['images_per_window']} images")
-    rows = [f"  {op:<20s}{v:8.3f} ms/image" for op, v in r["ms_per_image"].items()]
-    return "\n".join([head, *rows])

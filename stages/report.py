@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline import rundir
+from pipeline.rundir import SIDECAR
 from pipeline.config import opt
 from pipeline.errors import PipelineError
 
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     import numpy as np
 FEATURES = {"pretrained": "features_pretrained.pt", "random": "features_random.pt"}  # in RUN/eval/, by linear-eval
 LINEAR = "linear.json"  # in RUN/eval/
-SIDECAR = "encoder.json"  # in RUN/export/
 PARITY = "parity.json"  # in RUN/validate/
 THUMB_SIDE = 96  # larger images are shrunk to this in the grids: a grid of 88 photos stays a few hundred KB
 SOURCE_SIDE = 192  # the worst parity image's source file is shown up to this size
@@ -168,7 +168,7 @@ class Run:
 
         def read():
             ckpt = rundir.load_checkpoint(path, mmap=True)  # the weights are never read, only the step and meta
-            return {"step": ckpt.get("step"), "epochs_done": ckpt.get("epochs_done"), **(ckpt.get("meta") or {})}
+            return {"step": ckpt.get(rundir.CKPT_STEP), "epochs_done": ckpt.get(rundir.CKPT_EPOCHS_DONE), **(ckpt.get(rundir.CKPT_META) or {})}
 
         return self._once("checkpoint", read)
 
@@ -199,16 +199,14 @@ class Run:
 
     def data(self):
         """The run's labelled images (stages.data), checked against split.json's sources."""
-        from stages.data import load_data, store_size_for
+        from stages.data import load_data
+        from stages.runspec import read_run, recorded_split, store_size_for
 
         def read():
-            cfg, split = self.config()["values"], self.split()
-            data = load_data(cfg["data"], store_size_for(cfg["data"], cfg["image_size"], cfg.get("store_size") or 0),
-                             seed=cfg.get("seed", 0))
-            for part in ("train", "val"):
-                if any(not 0 <= i < len(data) or data.sources[i] != s for i, s in zip(split[part], split[f"{part}_sources"])):
-                    raise PipelineError(f"the images of {cfg['data']} are no longer those recorded in "
-                                        f"{self.dir / rundir.SPLIT}")
+            self.config(), self.split()  # a missing config.yaml or split.json says which command makes it
+            cfg = read_run(self.dir)
+            data = load_data(cfg.data, store_size_for(cfg), seed=cfg.seed)
+            recorded_split(self.dir, data)  # refuses images that changed since the run
             return data
 
         return self._once("data", read)

@@ -16,35 +16,12 @@ from pathlib import Path
 import torch
 
 from pipeline import __version__, rundir
-from pipeline.config import load_config
 from pipeline.errors import PipelineError
-from stages.configs import StripConfig
-from stages import augment
+from pipeline.rundir import encoder_path
 from stages.backbones import build_backbone, min_image_size, uses_small_stem
-from stages.pretrain import PretrainConfig, build_model
-
-ENCODER = "encoder.pt"  # in RUN/export/
-# What must agree between config.yaml and the checkpoint's own record: the things that decide the architecture.
-ARCHITECTURE_KEYS = ("method", "backbone", "image_size", "small_stem")
-
-
-def encoder_path(run_dir: Path) -> Path:
-    return run_dir / rundir.EXPORT / ENCODER
-
-
-def stored_config(run_dir: Path, ckpt: dict) -> PretrainConfig:
-    """RUN/config.yaml, checked against the config the checkpoint was saved with."""
-    path = run_dir / rundir.CONFIG
-    if not path.is_file():
-        raise PipelineError(f"no {rundir.CONFIG} in {run_dir}: the run directory is incomplete (re-run `pipeline pretrain`)")
-    cfg = load_config(PretrainConfig, path)
-    saved = ckpt.get("config") or {}
-    for key in ARCHITECTURE_KEYS:
-        if key in saved and saved[key] != getattr(cfg, key):
-            raise PipelineError(f"{run_dir / rundir.LAST_CHECKPOINT} was trained with {key}={saved[key]!r} but {path} says "
-                                f"{getattr(cfg, key)!r}: the checkpoint belongs to another run")
-    return cfg
-
+from stages.configs import PretrainConfig, StripConfig
+from stages.runspec import build_model, read_run
+from stages.views import MEAN, STD
 
 def _load_strict(model: torch.nn.Module, weights: dict, ckpt_path: Path, cfg: PretrainConfig) -> None:
     """load_state_dict(strict=True), with the mismatch summarised on one line instead of torch's key dump."""
@@ -113,26 +90,26 @@ def run(cfg: StripConfig, run_dir: Path, say=print) -> dict:
         raise PipelineError(f"proof_batch must be >= 1, got {cfg.proof_batch}")
     ckpt_path = run_dir / rundir.LAST_CHECKPOINT
     ckpt = rundir.load_checkpoint(ckpt_path)
-    pcfg = stored_config(run_dir, ckpt)
+    pcfg = read_run(run_dir, ckpt)
     small = uses_small_stem(pcfg.small_stem, pcfg.image_size)
     if pcfg.image_size < min_image_size(small):
         raise PipelineError(f"{run_dir / rundir.CONFIG}: image_size {pcfg.image_size} is below {min_image_size(small)} for this stem")
     model, feat_dim = build_model(pcfg)
-    _load_strict(model, ckpt["model"], ckpt_path, pcfg)
+    _load_strict(model, ckpt[rundir.CKPT_MODEL], ckpt_path, pcfg)
     kept, dropped = strip_projection_head(model, pcfg)
     proof = prove_strip(model, kept, pcfg, feat_dim, cfg.proof_batch, cfg.seed)
-    meta = ckpt.get("meta") or {}
+    meta = ckpt.get(rundir.CKPT_META) or {}
     state = {
         "state_dict": kept, "backbone": pcfg.backbone, "small_stem": small, "feat_dim": feat_dim,
-        "image_size": pcfg.image_size, "mean": list(meta.get("mean", augment.MEAN)), "std": list(meta.get("std", augment.STD)),
+        "image_size": pcfg.image_size, "mean": list(meta.get("mean", MEAN)), "std": list(meta.get("std", STD)),
         "l2_normalize": cfg.l2_normalize,
-        "metadata": {"method": pcfg.method, "run_id": run_dir.resolve().name, "step": ckpt.get("step"),
-                     "epochs_done": ckpt.get("epochs_done"), "epochs": pcfg.epochs, "data": pcfg.data,
+        "metadata": {"method": pcfg.method, "run_id": run_dir.resolve().name, "step": ckpt.get(rundir.CKPT_STEP),
+                     "epochs_done": ckpt.get(rundir.CKPT_EPOCHS_DONE), "epochs": pcfg.epochs, "data": pcfg.data,
                      "seed": pcfg.seed, "pipeline_version": __version__, "checkpoint": str(ckpt_path),
                      **dropped, "proof": proof},
     }
     out = encoder_path(run_dir)
-    rundir.torch_save_atomic(state, out)
+    rundir.torch_save_atomic(out, state)
     say(f"stripped {pcfg.method}/{pcfg.backbone}: kept {dropped['kept_params']:,} backbone parameters, dropped "
         f"{dropped['dropped_params']:,} ({', '.join(dropped['dropped_modules']) or 'nothing'}); features equal the "
         f"full model's on {cfg.proof_batch} random images; {feat_dim}-d -> {out}")

@@ -22,7 +22,6 @@ committed embeddings, so a change on the pipeline side that the Swift side has n
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 from dataclasses import dataclass
@@ -200,32 +199,21 @@ def _pick(labels: np.ndarray, candidates: list[int], per_class: int, num_classes
     return [col[r] for r in range(per_class) for col in by_class if r < len(col)]
 
 
-def run(cfg: SwiftFixturesConfig, run_dir: Path, say=print) -> Path:
-    out_dir = Path(cfg.out) if cfg.out else FIXTURES_DIR
-    if cfg.bank_per_class < 1:
-        raise PipelineError(f"--bank-per-class must be >= 1, got {cfg.bank_per_class}")
-    export_dir = run_dir / rundir.EXPORT
-    sidecar = rundir.load_json(export_dir / "encoder.json", "export sidecar")
-    if not (export_dir / "encoder.pt").is_file():
-        raise PipelineError(f"no stripped encoder at {export_dir / 'encoder.pt'}: run `pipeline strip` first")
-    encoder_sha = hashlib.sha256((export_dir / "encoder.pt").read_bytes()).hexdigest()
+def checked_export(run_dir: Path) -> tuple[dict, str]:
+    """(export/encoder.json, export/encoder.pt's sha256): the sidecar must come from the encoder beside it."""
+    sidecar_path, enc = run_dir / rundir.EXPORT / rundir.SIDECAR, rundir.encoder_path(run_dir)
+    sidecar = rundir.load_json(sidecar_path, "export sidecar")
+    if not enc.is_file():
+        raise PipelineError(f"no stripped encoder at {enc}: run `pipeline strip` first")
+    encoder_sha = rundir.file_sha256(enc)
     if sidecar.get("encoder_sha256") != encoder_sha:
-        raise PipelineError(f"{export_dir / 'encoder.json'} was made from another encoder.pt: run `pipeline export` again")
-    encoder, state = load_encoder(export_dir / "encoder.pt")
-    model_meta = _model_metadata(export_dir, sidecar)
-    size = int(state["image_size"])
-    spec = rundir.load_json(run_dir / rundir.SPLIT, "split")
-    data = load_data(spec["spec"], size, int(spec.get("seed", 0)))
-    if data.labels is None:
-        raise PipelineError(f"{spec['spec']} has no labels: the kNN fixtures need a labelled run")
-    labels, classes = data.labels.numpy(), list(data.classes)
-    bank_idx = _pick(labels, list(spec["train"]), cfg.bank_per_class, len(classes))
-    query_idx = _pick(labels, list(spec["val"]), len(CASES), len(classes))[: len(CASES)]
-    if len(query_idx) < len(CASES):
-        raise PipelineError(f"the run has {len(query_idx)} val images; the fixtures need {len(CASES)}")
+        raise PipelineError(f"{sidecar_path} was made from another encoder.pt: run `pipeline export` again")
+    return sidecar, encoder_sha
 
-    images = data.images.permute(0, 2, 3, 1).numpy()  # N x S x S x 3 uint8
-    bank_crops = [pipeline_crop(to_layout(images[i], "rgb"), size, size, "rgb", 1, size) for i in bank_idx]
+
+def query_cases(images: np.ndarray, query_idx: list[int], size: int, data, labels: np.ndarray):
+    """(cases, raw pixel blob, the pipeline's crops): each val image as an app would hand it over in one of CASES'
+    sizes, layouts, orientations and alpha modes."""
     cases, raw_blob, crops = [], bytearray(), []
     for n, (i, (w, h, orient, layout, alpha)) in enumerate(zip(query_idx, CASES)):
         w, h = _side(w, size), _side(h, size)
@@ -240,6 +228,44 @@ def run(cfg: SwiftFixturesConfig, run_dir: Path, say=print) -> Path:
                       "layout": layout, "orientation": orient, "alpha": alpha, "raw_offset": len(raw_blob),
                       "raw_bytes": len(raw)})
         raw_blob += raw
+    return cases, raw_blob, crops
+
+
+def write_files(files: dict[str, bytes], out_dir: Path, max_bytes: int) -> int:
+    """Every file atomically, within max_bytes in all (they are committed); the total written."""
+    total = sum(len(b) for b in files.values())
+    if total > max_bytes:
+        parts = ", ".join(f"{name} {len(blob):,}" for name, blob in sorted(files.items(), key=lambda kv: -len(kv[1]))[:3])
+        raise PipelineError(f"the fixtures would take {total:,} bytes ({parts}) > --max-bytes {max_bytes:,}: lower "
+                            f"--bank-per-class, or raise --max-bytes (large models at large image sizes need more)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, blob in files.items():  # manifest.json last: it names the others
+        with rundir.atomic_path(out_dir / name) as tmp:
+            tmp.write_bytes(blob)
+    return total
+
+
+def run(cfg: SwiftFixturesConfig, run_dir: Path, say=print) -> Path:
+    out_dir = Path(cfg.out) if cfg.out else FIXTURES_DIR
+    if cfg.bank_per_class < 1:
+        raise PipelineError(f"--bank-per-class must be >= 1, got {cfg.bank_per_class}")
+    sidecar, encoder_sha = checked_export(run_dir)
+    encoder, state = load_encoder(rundir.encoder_path(run_dir))
+    model_meta = _model_metadata(run_dir / rundir.EXPORT, sidecar)
+    size = int(state["image_size"])
+    spec = rundir.load_json(run_dir / rundir.SPLIT, "split")
+    data = load_data(spec["spec"], size, int(spec.get("seed", 0)))
+    if data.labels is None:
+        raise PipelineError(f"{spec['spec']} has no labels: the kNN fixtures need a labelled run")
+    labels, classes = data.labels.numpy(), list(data.classes)
+    bank_idx = _pick(labels, list(spec["train"]), cfg.bank_per_class, len(classes))
+    query_idx = _pick(labels, list(spec["val"]), len(CASES), len(classes))[: len(CASES)]
+    if len(query_idx) < len(CASES):
+        raise PipelineError(f"the run has {len(query_idx)} val images; the fixtures need {len(CASES)}")
+
+    images = data.images.permute(0, 2, 3, 1).numpy()  # N x S x S x 3 uint8
+    bank_crops = [pipeline_crop(to_layout(images[i], "rgb"), size, size, "rgb", 1, size) for i in bank_idx]
+    cases, raw_blob, crops = query_cases(images, query_idx, size, data, labels)
     with torch.no_grad():
         embed = lambda arr: encoder(torch.from_numpy(np.stack(arr)).permute(0, 3, 1, 2).float()).numpy()  # noqa: E731
         bank, queries = embed(bank_crops).astype("<f4"), embed(crops).astype("<f4")
@@ -264,15 +290,7 @@ def run(cfg: SwiftFixturesConfig, run_dir: Path, say=print) -> Path:
         "model_metadata.json": (json.dumps(model_meta, indent=2, sort_keys=True) + "\n").encode(),
         "manifest.json": (json.dumps(manifest, indent=1) + "\n").encode(),
     }
-    total = sum(len(b) for b in files.values())
-    if total > cfg.max_bytes:
-        parts = ", ".join(f"{name} {len(blob):,}" for name, blob in sorted(files.items(), key=lambda kv: -len(kv[1]))[:3])
-        raise PipelineError(f"the fixtures would take {total:,} bytes ({parts}) > --max-bytes {cfg.max_bytes:,}: lower "
-                            f"--bank-per-class, or raise --max-bytes (large models at large image sizes need more)")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, blob in files.items():  # manifest.json last: it names the others
-        with rundir.atomic_path(out_dir / name) as tmp:
-            tmp.write_bytes(blob)
+    total = write_files(files, out_dir, cfg.max_bytes)
     say(f"wrote {len(files)} files ({total / 1e3:.0f} kB) to {out_dir}: {len(bank_idx)} bank rows, {len(cases)} queries, "
         f"{size}px, {bank.shape[1]}-d, encoder {encoder_sha[:12]}")
     return out_dir

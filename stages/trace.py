@@ -13,36 +13,17 @@ keeps a free batch; Core ML fixes it to 1 at conversion, as Vision feeds one ima
 
 from __future__ import annotations
 
-import hashlib
-import io
 import warnings
 from pathlib import Path
 
 import torch
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME, load_encoder
+from export.traced import FILES, TRACE_INFO, example_input
 from pipeline import rundir
+from pipeline.rundir import encoder_path, file_sha256
 from pipeline.errors import PipelineError
 from stages.configs import TraceConfig
-from stages.strip import encoder_path
-
-TRACE_INFO = "trace.json"
-FILES = {"torch.export": "encoder.pt2", "jit.trace": "encoder.ts"}  # the one traced artifact, by tracer
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def example_input(batch: int, image_size: int, seed: int = 0) -> torch.Tensor:
-    """Camera-like input: RGB pixels 0..255 as float, what Vision hands the model."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.rand(batch, 3, image_size, image_size, generator=gen) * 255.0
-
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
@@ -163,31 +144,3 @@ def stale_reason(run_dir: Path) -> str | None:
     if enc_path.is_file() and file_sha256(enc_path) != info.get("encoder_sha256"):
         return f"the trace was made from an older {enc_path}"
     return None
-
-
-def load_traced(run_dir: Path):
-    """(program, trace info) for the export stage: refuses a missing trace, or one made from an older encoder.pt."""
-    export_dir = run_dir / rundir.EXPORT
-    info = rundir.load_json(export_dir / TRACE_INFO, "trace record (run `pipeline trace` first)")
-    path = export_dir / str(info.get("file"))
-    if info.get("method") not in FILES or not path.is_file():
-        raise PipelineError(f"{export_dir / TRACE_INFO} names no traced encoder that exists: re-run `pipeline trace`")
-    enc_path = encoder_path(run_dir)
-    if not enc_path.is_file():
-        raise PipelineError(f"no stripped encoder at {enc_path}: run `pipeline strip` then `pipeline trace`")
-    if file_sha256(enc_path) != info.get("encoder_sha256"):
-        raise PipelineError(f"{path} was traced from an older {enc_path}: re-run `pipeline trace`")
-    try:
-        if info["method"] == "torch.export":
-            program = torch.export.load(path)
-            # torch.export.load re-creates the unused outputs of multi-output ops (batch norm's saved mean and
-            # variance) as dead `getitem` nodes; coremltools 9.0 cannot bind them. They are dead: removing them is exact.
-            program.graph_module.graph.eliminate_dead_code()
-            program.graph_module.recompile()
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                program = torch.jit.load(io.BytesIO(path.read_bytes()), map_location="cpu")
-    except Exception as e:
-        raise PipelineError(f"{path} is unreadable or truncated ({type(e).__name__}): re-run `pipeline trace`") from None
-    return program, info

@@ -25,14 +25,14 @@ import torch
 
 from export import parity
 from export.encoder import OUTPUT_NAME, load_encoder
+from export.formats import COREML_FORMATS
 from pipeline import rundir
-from pipeline.config import load_config, to_dict
+from pipeline.rundir import SIDECAR, artifact_digest, encoder_path, file_sha256
+from pipeline.config import to_dict
 from pipeline.errors import PipelineError
 from stages.configs import ValidateConfig
 
 PARITY = "parity.json"  # in RUN/validate/
-SIDECAR = "encoder.json"  # in RUN/export/, written by `pipeline export`
-ENCODER = "encoder.pt"
 
 
 def gates(cfg: ValidateConfig) -> dict[str, float]:
@@ -55,19 +55,13 @@ def check(cfg: ValidateConfig) -> None:
 def val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str]]:
     """The run's val split, center view at the model's side, uint8 RGB N x 3 x S x S (the first `cap`)."""
     from stages.augment import center_views
-    from stages.configs import PretrainConfig
-    from stages.data import load_data, store_size_for
+    from stages.data import load_data
+    from stages.runspec import read_run, recorded_split, store_size_for
 
-    cfg = load_config(PretrainConfig, run_dir / rundir.CONFIG)
-    split_path = run_dir / rundir.SPLIT
-    split = rundir.load_json(split_path, "split")
-    if not isinstance(split, dict) or not {"val", "val_sources"} <= set(split):
-        raise PipelineError(f"{split_path} is not a split written by `pipeline pretrain`")
-    data = load_data(cfg.data, store_size_for(cfg.data, cfg.image_size, cfg.store_size), seed=cfg.seed)
+    cfg = read_run(run_dir)
+    data = load_data(cfg.data, store_size_for(cfg), seed=cfg.seed)
+    split = recorded_split(run_dir, data, "validate on a folder with --images")
     idx = split["val"][:cap]
-    if any(not 0 <= i < len(data) or data.sources[i] != s for i, s in zip(idx, split["val_sources"])):
-        raise PipelineError(f"the images of {cfg.data} are no longer those recorded in {split_path}: restore them, or "
-                            f"validate on a folder with --images")
     images = center_views(data.images[torch.as_tensor(idx, dtype=torch.long)], size) if idx else \
         torch.empty(0, 3, size, size, dtype=torch.uint8)
     return images.to(torch.uint8), [data.sources[i] for i in idx]
@@ -141,7 +135,6 @@ RUNNERS: dict[str, Callable[[Path, torch.Tensor], tuple[str, np.ndarray, str | N
     "mlmodel": _run_nn,
     "onnx": _run_onnx,
 }
-COREML_FORMATS = ("mlpackage", "mlmodel")
 COMPUTE_UNITS = ("CPU_ONLY", "ALL")
 
 
@@ -164,22 +157,24 @@ def _row(entry: dict, runtime: str, precision: str, metrics: dict, failures: lis
             "passed": not failures, "failures": failures}
 
 
-def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
-    check(cfg)
-    export_dir = run_dir / rundir.EXPORT
-    encoder, state = load_encoder(export_dir / ENCODER)
-    size = int(state["image_size"])
-    sidecar_path = export_dir / SIDECAR
+def listed_artifacts(run_dir: Path) -> list[dict]:
+    """The artifacts export/encoder.json lists, each known to the format table and present on disk."""
+    export_dir, sidecar_path = run_dir / rundir.EXPORT, run_dir / rundir.EXPORT / SIDECAR
     sidecar = rundir.load_json(sidecar_path, "export sidecar (run `pipeline export` first)")
     artifacts = sidecar.get("artifacts") if isinstance(sidecar, dict) else None
     if not artifacts:
         raise PipelineError(f"{sidecar_path} lists no artifacts: run `pipeline export`")
-    from stages.convert import artifact_digest
-    from stages.trace import file_sha256
+    for entry in artifacts:
+        path = export_dir / str(entry.get("file"))
+        if entry.get("format") not in RUNNERS:
+            raise PipelineError(f"{sidecar_path}: unknown artifact format {entry.get('format')!r}")
+        if not path.exists():
+            raise PipelineError(f"{path} is listed in {sidecar_path} but missing: re-run `pipeline export`")
+    return artifacts
 
-    encoder_sha = file_sha256(export_dir / ENCODER)
 
-    # --- images
+def check_images(cfg: ValidateConfig, run_dir: Path, size: int, say) -> tuple[torch.Tensor, list[str], int]:
+    """(images, their sources, how many of them are val images): the run's val split and/or --images."""
     images, sources = torch.empty(0, 3, size, size, dtype=torch.uint8), []
     if (run_dir / rundir.SPLIT).is_file() and (run_dir / rundir.CONFIG).is_file():
         images, sources = val_images(run_dir, size, cfg.max_images)
@@ -192,46 +187,55 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     if len(sources) < 2:
         raise PipelineError(f"only {len(sources)} image(s) to validate with; retrieval agreement needs at least 2: "
                             f"add a folder with --images")
+    return images, sources, n_val
+
+
+def outputs(fmt: str, path: Path, images: torch.Tensor, real_ok: bool) -> tuple[list[tuple], str | None]:
+    """([(runtime, features or the PipelineError it raised)], the precision the file computes in): the reference
+    evaluator of the format, plus the real Core ML runtime where it runs. An artifact a runtime cannot run (an op
+    the evaluator lacks, a model Core ML rejects) is a failed row with the reason, not the end of the report."""
+    from export.coreml_runtime import coreml_predict
+
+    try:
+        runtime, out, actual = RUNNERS[fmt](path, images)
+        results = [(runtime, out)]
+    except PipelineError as e:
+        actual, results = None, [(f"{fmt} reference evaluator", e)]
+    if real_ok and fmt in COREML_FORMATS:
+        for units in COMPUTE_UNITS:
+            try:
+                results.append((f"coreml {units}", coreml_predict(path, images, units, OUTPUT_NAME)))
+            except PipelineError as e:
+                results.append((f"coreml {units}", e))
+    return results, actual
+
+
+def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
+    check(cfg)
+    encoder, state = load_encoder(encoder_path(run_dir))
+    size = int(state["image_size"])
+    artifacts = listed_artifacts(run_dir)
+    encoder_sha = file_sha256(encoder_path(run_dir))
+    images, sources, n_val = check_images(cfg, run_dir, size, say)
     say(f"validating {len(artifacts)} artifacts on {len(sources)} images ({n_val} val"
         f"{f', {len(sources) - n_val} from {cfg.images}' if cfg.images else ''}) at {size}x{size}")
-
-    # --- the fp32 PyTorch reference
-    with torch.no_grad():
+    with torch.no_grad():  # the fp32 PyTorch reference
         ref = torch.cat([encoder(images[i: i + 64].float()) for i in range(0, len(images), 64)]).numpy()
 
-    # --- every artifact, every runtime available here
-    from export.coreml_runtime import coreml_can_predict, coreml_predict
+    from export.coreml_runtime import coreml_can_predict
 
     real_ok, real_why = coreml_can_predict() if cfg.coreml_runtime == "auto" else (False, "--coreml-runtime off")
     rows = []
     for entry in artifacts:
-        fmt, path = entry.get("format"), export_dir / str(entry.get("file"))
-        if fmt not in RUNNERS:
-            raise PipelineError(f"{sidecar_path}: unknown artifact format {fmt!r}")
-        if not path.exists():
-            raise PipelineError(f"{path} is listed in {sidecar_path} but missing: re-run `pipeline export`")
-        declared = entry.get("precision", "fp32")
+        fmt, path = entry["format"], run_dir / rundir.EXPORT / str(entry["file"])
         notes = []
         if entry.get("encoder_sha256") not in (None, encoder_sha):
-            notes.append(f"made from another encoder.pt than {export_dir / ENCODER}: re-run `pipeline export`")
+            notes.append(f"made from another encoder.pt than {encoder_path(run_dir)}: re-run `pipeline export`")
         if entry.get("sha256") and artifact_digest(path)[1] != entry["sha256"]:
             say(f"warning: {path} changed since `pipeline export` wrote it (sha256 differs from {SIDECAR})")
-        # An artifact the runtime cannot run (an op the evaluator lacks, a model Core ML rejects) is a failed row
-        # with the reason, not the end of the report: the other artifacts are still measured.
-        try:
-            runtime, out, actual = RUNNERS[fmt](path, images)
-            results = [(runtime, out)]
-        except PipelineError as e:
-            runtime, actual = f"{fmt} reference evaluator", None
-            results = [(runtime, e)]
-        if real_ok and fmt in COREML_FORMATS:
-            for units in COMPUTE_UNITS:
-                try:
-                    results.append((f"coreml {units}", coreml_predict(path, images, units, OUTPUT_NAME)))
-                except PipelineError as e:
-                    results.append((f"coreml {units}", e))
+        results, actual = outputs(fmt, path, images, real_ok)
         for runtime, out in results:
-            precision = gate_precision(fmt, declared, actual, runtime)
+            precision = gate_precision(fmt, entry.get("precision", "fp32"), actual, runtime)
             metrics = {"error": str(out)} if isinstance(out, PipelineError) else parity.compare(ref, out, cfg.top_k)
             failures = notes + parity.gate_failures(metrics, precision, **gates(cfg))
             rows.append(_row(entry, runtime, precision, metrics, failures, sources))

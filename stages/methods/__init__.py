@@ -1,8 +1,7 @@
 """SSL methods, one file each. A method is an nn.Module holding `backbone` plus its own heads/momentum networks,
-with `forward(x1, x2, precision) -> loss` and `after_step(progress)` for momentum updates. The registry is a dict."""
+with `forward(x1, x2, precision) -> loss` and `after_step(progress)` for momentum updates; its file ends with its
+MethodSpec (stages/methods/spec.py). The registry is a dict of the specs."""
 
-from stages.methods.byol import BYOL
-from stages.methods.mocov3 import MoCoV3
-from stages.methods.simclr import SimCLR
+from stages.methods import byol, mocov3, simclr
 
-METHODS = {"simclr": SimCLR, "byol": BYOL, "mocov3": MoCoV3}
+METHODS = {spec.name: spec for spec in (simclr.SPEC, byol.SPEC, mocov3.SPEC)}

@@ -44,3 +44,29 @@ def cosine_momentum(base: float, progress: float) -> float:
     import math
 
     return 1.0 - (1.0 - base) * (math.cos(math.pi * progress) + 1.0) / 2.0
+
+
+def head_input(h: torch.Tensor, precision) -> torch.Tensor:
+    """Backbone features as the heads take them: fp32, unless the precision runs the heads in a lower type too."""
+    return h.float() if precision.head_dtype is None else h
+
+
+def online_and_momentum(x1: torch.Tensor, x2: torch.Tensor, precision, backbone: nn.Module, heads: tuple,
+                        momentum_backbone: nn.Module, momentum_heads: tuple):
+    """Both views through the online branch (backbone, then `heads` in order) and, without gradients, the momentum
+    branch: ((online view 1, online view 2), (momentum view 1, momentum view 2)). BYOL and MoCo v3 share it."""
+    x = torch.cat([x1, x2])
+    with precision.backbone():
+        h = backbone(x)
+    with precision.heads():
+        z = head_input(h, precision)
+        for head in heads:
+            z = head(z)
+    with torch.no_grad():
+        with precision.backbone():
+            hk = momentum_backbone(x)
+        with precision.heads():
+            zk = head_input(hk, precision)
+            for head in momentum_heads:
+                zk = head(zk)
+    return z.chunk(2), zk.chunk(2)

@@ -1,8 +1,8 @@
-"""What a job may ask for, read from the pipeline itself in a child process (`python -m stages.serve.options`).
+"""What a job may ask for, read from the pipeline itself in a child process (`python -m stages.serve.describe`).
 
 The server validates a submission with pipeline/config.py against a dataclass rebuilt from PretrainConfig's fields,
-so an option is checked by the very code `pipeline pretrain` uses, while torch (which stages.pretrain imports) is
-loaded only by this short-lived child and never by the server.
+so an option is checked by the very code `pipeline pretrain` uses, while what the pipeline's CLI loads is loaded
+only by this short-lived child and never by the server.
 """
 
 from __future__ import annotations
@@ -30,26 +30,9 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def describe() -> dict:
-    """Runs in the child: PretrainConfig's fields, the export formats, the device `auto` picks, the commands."""
-    from export.formats import TO_CHOICES
-    from pipeline.cli import main
-    from pipeline.config import _base_type, _fields
-    from pipeline.device import select_device
-    from stages.pretrain import PretrainConfig
-
-    fields = []
-    for name, f in _fields(PretrainConfig).items():
-        tp = _base_type(f.type)
-        fields.append({"name": name, "type": tp.__name__, "optional": tp is not f.type, "default": f.default,
-                       "why": f.metadata.get("why", ""), "choices": list(f.metadata.get("choices") or []) or None})
-    return {"fields": fields, "formats": list(TO_CHOICES), "auto_device": str(select_device("auto")).split(":")[0],
-            "commands": sorted(main.commands)}
-
-
 def probe(timeout: float = 300) -> dict:
     """Ask a child for describe(); raise RuntimeError with its last line if it fails."""
-    done = subprocess.run([sys.executable, "-m", "stages.serve.options"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "stages.serve.describe"], capture_output=True, text=True,
                           env=child_env(), cwd=PROJECT, timeout=timeout)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
@@ -71,7 +54,3 @@ def options_class(described: dict):
 def recipes() -> list[str]:
     """The recipe names a job may start from: configs/<name>.yaml."""
     return sorted(p.stem for p in RECIPES.glob("*.yaml"))
-
-
-if __name__ == "__main__":
-    print(json.dumps(describe()))

@@ -11,14 +11,13 @@ import pytest
 from export.coreml import program_ops
 from export.metadata import as_strings
 from pipeline import __version__, rundir
-from stages import pretrain
 from stages.convert import ExportConfig, SIDECAR, artifact_digest
 from stages.convert import run as export
-from stages.pretrain import config_for_run
 from stages.strip import StripConfig
 from stages.strip import run as strip
 from stages.trace import TraceConfig
 from stages.trace import run as trace
+from tests.tiny_run import pretrain_tiny
 
 logging.getLogger("coremltools").setLevel(logging.ERROR)
 ct = pytest.importorskip("coremltools")
@@ -31,7 +30,7 @@ REQUIRED_METADATA = ("method", "backbone", "embedding_dim", "image_size", "mean"
 
 def _traced_run(tmp_path: Path, overrides: dict) -> Path:
     out = tmp_path / "run"
-    pretrain.run(config_for_run(None, {**overrides, "max_steps": 1}, out, False), out, say=lambda *_: None)
+    pretrain_tiny(out, **{**overrides, "max_steps": 1})
     strip(StripConfig(), out, say=lambda *_: None)
     trace(TraceConfig(), out, say=lambda *_: None)
     return out

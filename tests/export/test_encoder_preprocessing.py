@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 from export.encoder import Encoder, load_encoder
 from pipeline import rundir
-from stages import augment, pretrain, strip
+from stages import augment, strip
 from stages.backbones import build_backbone
-from stages.pretrain import config_for_run
+from tests.tiny_run import pretrain_tiny
 
 IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
@@ -35,7 +35,7 @@ def _by_hand(backbone, pixels, l2=True):
 
 def test_stripped_encoder_pt_normalises_rgb_pixels_itself(tmp_path, tiny_overrides):
     out = tmp_path / "run"
-    pretrain.run(config_for_run(None, {**tiny_overrides, "max_steps": 1}, out, False), out, say=lambda *_: None)
+    pretrain_tiny(out, max_steps=1)
     strip.run(strip.StripConfig(), out, say=lambda *_: None)
 
     # the trained backbone, straight from the checkpoint (not through the stage's code)
@@ -44,7 +44,7 @@ def test_stripped_encoder_pt_normalises_rgb_pixels_itself(tmp_path, tiny_overrid
     backbone.load_state_dict({k[len("backbone."):]: v for k, v in ckpt["model"].items() if k.startswith("backbone.")})
     backbone.eval()
 
-    encoder, state = load_encoder(strip.encoder_path(out))
+    encoder, state = load_encoder(rundir.encoder_path(out))
     pixels = _pixels()
     with torch.no_grad():
         got = encoder(pixels.float())

@@ -15,21 +15,21 @@ import torch
 from export.encoder import load_encoder
 from export.metadata import as_strings
 from pipeline import rundir
-from stages import pretrain
 from stages.convert import ExportConfig
 from stages.convert import run as export
-from stages.pretrain import config_for_run
 from stages.strip import StripConfig, encoder_path
 from stages.strip import run as strip
-from stages.trace import TraceConfig, load_traced
+from export.traced import load_traced
+from stages.trace import TraceConfig
 from stages.trace import run as trace
+from tests.tiny_run import pretrain_tiny
 
 FLOAT = onnx.TensorProto.FLOAT
 
 
 def _stripped_run(tmp_path: Path, overrides: dict) -> Path:
     out = tmp_path / "run"
-    pretrain.run(config_for_run(None, {**overrides, "max_steps": 1}, out, False), out, say=lambda *_: None)
+    pretrain_tiny(out, **{**overrides, "max_steps": 1})
     strip(StripConfig(), out, say=lambda *_: None)
     return out
 

@@ -68,11 +68,10 @@ def test_export_right_after_pretrain_strips_traces_and_prints_only_its_own_lines
     one line each; coremltools' import chatter and progress bars do not reach the user."""
     import os
 
-    from stages import pretrain
+    from tests.tiny_run import pretrain_tiny
 
     run = tmp_path / "run"
-    cfg = pretrain.config_for_run(None, {**tiny_overrides, "max_steps": 1}, run, False)
-    pretrain.run(cfg, run, say=lambda *_: None)
+    pretrain_tiny(run, max_steps=1)
     lines = _pipeline("export", "--to", "coreml", "--run", run)
     assert [line for line in lines if not line.startswith(EXPORT_LINES)] == []
     assert lines[0].startswith("ran `pipeline strip` first (no ") and lines[1].startswith("ran `pipeline trace` first")

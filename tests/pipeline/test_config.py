@@ -5,7 +5,7 @@ import pytest
 
 from pipeline.config import load_config, opt
 from pipeline.errors import PipelineError
-from stages.pretrain import PretrainConfig
+from stages.configs import PretrainConfig
 
 
 @dataclass
@@ -55,7 +55,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # not the working dir
 def test_shipped_configs_load():
     """Every recipe in configs/ loads, resolves and passes the checks `pipeline pretrain` makes, and trains the
     method its name says."""
-    from stages.pretrain import config_for_run
+    from stages.runspec import config_for_run
 
     files = sorted(CONFIGS.glob("*.yaml"))
     assert {f.stem for f in files} >= {"default", "simclr", "byol", "byol-small", "mocov3"}

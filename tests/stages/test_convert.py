@@ -17,14 +17,14 @@ from export.formats import FORMATS, select_formats
 from export.metadata import linear_eval_scores
 from pipeline import rundir
 from pipeline.errors import PipelineError
-from stages import convert, pretrain
+from stages import convert
 from stages.convert import SIDECAR, artifact_digest
-from stages.pretrain import config_for_run
 from stages.strip import StripConfig, encoder_path
 from stages.strip import run as strip
 from stages.trace import file_sha256
 from tests.cli_helpers import assert_one_line_error as _one_line_error
 from tests.cli_helpers import cli as _cli
+from tests.tiny_run import pretrain_tiny
 
 NO_OPTIONS = {"deployment_target": None, "opset": None}
 
@@ -112,7 +112,7 @@ def _snapshot(export_dir: Path) -> dict:
 
 def test_export_is_all_or_nothing_and_the_sidecar_matches_export_dir(tmp_path, tiny_overrides, monkeypatch):
     out = tmp_path / "run"
-    pretrain.run(config_for_run(None, {**tiny_overrides, "max_steps": 1}, out, False), out, say=lambda *_: None)
+    pretrain_tiny(out, max_steps=1)
     strip(StripConfig(), out, say=lambda *_: None)
     export_dir = out / rundir.EXPORT
     _use_fakes(monkeypatch)
@@ -147,7 +147,7 @@ def test_export_is_all_or_nothing_and_the_sidecar_matches_export_dir(tmp_path, t
 
 def test_export_removes_staging_left_by_a_killed_export_only(tmp_path, tiny_overrides, monkeypatch):
     out = tmp_path / "run"
-    pretrain.run(config_for_run(None, {**tiny_overrides, "max_steps": 1}, out, False), out, say=lambda *_: None)
+    pretrain_tiny(out, max_steps=1)
     strip(StripConfig(), out, say=lambda *_: None)
     export_dir = out / rundir.EXPORT
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -172,7 +172,7 @@ def test_resnet50_strip_trace_export_coreml(tmp_path, tiny_overrides, monkeypatc
 
     out = tmp_path / "runs" / "default"
     overrides = {**tiny_overrides, "method": "simclr", "backbone": "resnet50", "image_size": 32, "batch_size": 2, "max_steps": 1}
-    pretrain.run(config_for_run(None, overrides, out, False), out, say=lambda *_: None)
+    pretrain_tiny(out, **overrides)
     monkeypatch.chdir(tmp_path)  # no --run: the commands work on runs/default and say so
     for args in (["strip"], ["trace"], ["export", "--to", "coreml", "--coreml-format", "mlpackage"]):
         res = _cli(*args)

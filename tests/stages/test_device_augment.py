@@ -6,8 +6,9 @@ import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
 
-from stages import augment, device_augment, pretrain
+from stages import augment, device_augment, training
 from stages.data import make_synthetic
+from tests.tiny_run import pretrain_tiny
 
 
 def _reference(images, p, out):
@@ -119,18 +120,16 @@ def test_batches_are_a_pure_function_of_seed_epoch_batch_and_shards_add_up():
 
 
 def test_mode_dispatch():
-    assert augment.augment_mode("auto", torch.device("cpu")) == "cpu"
-    assert augment.augment_mode("auto", torch.device("cuda")) == "device"
-    assert augment.augment_mode("cpu", torch.device("cuda")) == "cpu"
+    assert training.augment_mode("auto", torch.device("cpu")) == "cpu"
+    assert training.augment_mode("auto", torch.device("cuda")) == "device"
+    assert training.augment_mode("cpu", torch.device("cuda")) == "cpu"
 
 
 def test_pretrain_with_device_augment_resumes_exactly(tmp_path, tiny_overrides):
     base = {**tiny_overrides, "augment": "device", "epochs": 2, "data": "synthetic:40", "image_size": 8}
 
     def run(name, resume=False, **extra):
-        out = tmp_path / name
-        cfg = pretrain.config_for_run(None, {**base, **extra} if not resume else extra, out, resume)
-        return pretrain.run(cfg, out, resume=resume, say=lambda *_: None)
+        return pretrain_tiny(tmp_path / name, resume, **(extra if resume else {**base, **extra}))
 
     run("full")
     run("part", max_steps=3)

@@ -9,9 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipeline.device import precision_for
 from pipeline.errors import PipelineError
-from stages import distributed, pretrain
+from stages import configs, distributed, pretrain, runspec, training
 from stages.methods.mocov3 import info_nce
 from stages.methods.simclr import nt_xent
 
@@ -60,7 +59,7 @@ def _worker(rank, port, out):
     # 2-process pretraining: uninterrupted vs stopped after 3 steps and resumed; momentum networks per rank
     run = _tiny("mocov3", queue_size=8)
     for name, overrides, resume in [("full", run, False), ("part", {**run, "max_steps": 2}, False), ("part", {"max_steps": 0}, True)]:
-        cfg = pretrain.config_for_run(None, overrides, out / name, resume)
+        cfg = runspec.config_for_run(None, overrides, out / name, resume)
         done = pretrain.run(cfg, out / name, resume=resume, say=lambda *_: None)
         dist.barrier()  # rank 0's checkpoint is on disk before anyone reads it
     res["momentum"] = {k: v.clone() for k, v in done["model"].momentum_backbone.state_dict().items()}
@@ -73,12 +72,12 @@ def _one_step(method, rank=None):
     """Loss and weights after one training step on the global batch of _views(): all of it in one process
     (rank None), or this rank's half of it."""
     torch.manual_seed(0)
-    t, _ = pretrain.build_training(pretrain.resolve(pretrain.PretrainConfig(**_tiny(method))), torch.device("cpu"), 5)
+    t, _ = training.build_training(runspec.resolve(configs.PretrainConfig(**_tiny(method))), torch.device("cpu"), 5)
     t.model.eval()
     x1, x2 = _views()
     if rank is not None:
         x1, x2 = x1[rank * 4:(rank + 1) * 4], x2[rank * 4:(rank + 1) * 4]
-    loss = pretrain.train_step(t, x1, x2, 0)
+    loss = training.train_step(t, x1, x2, 0)
     views_of_buffer = t.grads is not None and all(
         t.grads.data_ptr() <= p.grad.data_ptr() < t.grads.data_ptr() + t.grads.numel() * 4
         for p in t.model.parameters() if p.requires_grad)
@@ -129,7 +128,7 @@ def _training_step_equals_one_process(res, method):
                 torch.testing.assert_close(r[method][1][name], w, atol=1e-6, rtol=1e-5, msg=name)
     # the step moved the weights: the comparison above is of a trained step, not of the init twice
     torch.manual_seed(0)
-    init = pretrain.build_model(pretrain.resolve(pretrain.PretrainConfig(**_tiny(method))))[0].state_dict()
+    init = runspec.build_model(runspec.resolve(configs.PretrainConfig(**_tiny(method))))[0].state_dict()
     assert any(not torch.equal(init[k], weights[k]) for k in init if "running" not in k and init[k].is_floating_point())
 
 
@@ -148,7 +147,7 @@ def _two_process_run_resumes_exactly_and_only_with_two(out):
         assert torch.equal(v, b["model"][k]), k
     assert "2 process(es) x 4 images per process = global batch 8" in (out / "full/config.yaml").read_text()
     with pytest.raises(PipelineError, match="trained by 2 process"):
-        cfg = pretrain.config_for_run(None, {"max_steps": 0}, out / "full", True)
+        cfg = runspec.config_for_run(None, {"max_steps": 0}, out / "full", True)
         pretrain.run(cfg, out / "full", resume=True, say=lambda *_: None)
 
 

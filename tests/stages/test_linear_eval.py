@@ -15,24 +15,24 @@ from pipeline import rundir
 from pipeline.cli import main
 from pipeline.errors import PipelineError
 from stages import linear_eval as le
-from stages import pretrain
+from stages import configs, runspec, training
 from stages.backbones import build_backbone
 from stages.data import ImageData
 from stages.features import extract_features
 from stages.knn import make_monitor
+from tests import tiny_run
 
-# 8 px (the small stem's minimum) keeps every forward pass cheap; nothing here needs good features.
-TINY = dict(data="synthetic:24", backbone="resnet18", image_size=8, batch_size=8, epochs=2, proj_hidden_dim=32,
-            proj_dim=16, pred_hidden_dim=32, device="cpu", num_workers=0, warmup_epochs=0.5, log_every=1, seed=0)
+# The tiny run at 8 px (the small stem's minimum) keeps every forward pass cheap; nothing here needs good features.
+TINY = dict(tiny_run.TINY, data="synthetic:24", image_size=8)
 QUIET = dict(say=lambda *_: None)
 FEW = dict(device="cpu", labels_per_class=3, label_draws=2)  # 2 draws, not 5: each costs 2 x 16 probe fits
-FOLDER_CFG = pretrain.PretrainConfig(**{**TINY, "image_size": 16, "val_fraction": 0.25})  # 4 images a class: 1 to val
+FOLDER_CFG = configs.PretrainConfig(**{**TINY, "image_size": 16, "val_fraction": 0.25})  # 4 images a class: 1 to val
 
 
 def _pretrain(out, **over):
-    cfg = pretrain.config_for_run(None, {**TINY, **over}, out, False)
-    pretrain.run(cfg, out, **QUIET)
-    return cfg
+    """The tiny run at 8 px into `out`; its resolved config (config.yaml)."""
+    tiny_run.pretrain_tiny(out, **{**TINY, **over})
+    return runspec.read_run(out)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def trained(tmp_path_factory):
     """A tiny 2-epoch run with the kNN monitor on, its step-0 backbone, and one evaluation of it."""
     out = tmp_path_factory.mktemp("le") / "run"
     step0 = {}
-    real_build = pretrain.build_model
+    real_build = runspec.build_model
 
     def recording_build(cfg):
         model, dim = real_build(cfg)
@@ -48,7 +48,7 @@ def trained(tmp_path_factory):
         return model, dim
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pretrain, "build_model", recording_build)
+        mp.setattr(training, "build_model", recording_build)  # what pretraining builds its model with
         cfg = _pretrain(out, knn_every=1)
     result = le.run(le.EvalConfig(**FEW), out, **QUIET)
     return {"dir": out, "cfg": cfg, "step0": step0["state"], "result": result}

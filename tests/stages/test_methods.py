@@ -118,7 +118,8 @@ def test_key_queue_push_larger_than_size_keeps_newest():
 # --- each method's forward: its heads on both views, combined as the paper does
 
 def _tiny_method(name: str, **extra):
-    from stages.pretrain import PretrainConfig, build_model, resolve
+    from stages.configs import PretrainConfig
+    from stages.runspec import build_model, resolve
 
     torch.manual_seed(0)
     cfg = resolve(PretrainConfig(method=name, backbone="resnet18", image_size=16, proj_dim=16, proj_hidden_dim=32,

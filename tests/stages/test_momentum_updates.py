@@ -13,8 +13,9 @@ import math
 import pytest
 import torch
 
-from stages import pretrain
-from stages.pretrain import PretrainConfig, resolve
+from stages import training
+from stages.configs import PretrainConfig
+from stages.runspec import resolve
 
 # BYOL's and MoCo v3's (online, momentum) module pairs
 PAIRS = {
@@ -36,12 +37,12 @@ def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_momentum_networks_follow_the_ema_with_the_scheduled_momentum(tiny_overrides, method):
     cfg = resolve(PretrainConfig(**{**tiny_overrides, "method": method, "momentum_base": BASE, "lr": 2.0}))
     torch.manual_seed(0)
-    t, _ = pretrain.build_training(cfg, torch.device("cpu"), steps_per_epoch=3)
+    t, _ = training.build_training(cfg, torch.device("cpu"), steps_per_epoch=3)
     assert t.total_steps == 6
     x = [torch.rand(cfg.batch_size, 3, 16, 16) for _ in range(2)]
     for step in range(t.total_steps):
         before = {m: _snapshot(getattr(t.model, m)) for _, m in PAIRS[method]}
-        pretrain.train_step(t, *x, step)
+        training.train_step(t, *x, step)
         m = scheduled_momentum((step + 1) / t.total_steps)
         for online_name, momentum_name in PAIRS[method]:
             online = dict(getattr(t.model, online_name).named_parameters())
@@ -67,13 +68,13 @@ def test_the_schedule_is_what_separates_the_expected_weights(tiny_overrides, met
     weights after a mid-run step differ from the scheduled ones by far more than its tolerance."""
     cfg = resolve(PretrainConfig(**{**tiny_overrides, "method": method, "momentum_base": BASE, "lr": 2.0}))
     torch.manual_seed(0)
-    t, _ = pretrain.build_training(cfg, torch.device("cpu"), steps_per_epoch=3)
+    t, _ = training.build_training(cfg, torch.device("cpu"), steps_per_epoch=3)
     x = [torch.rand(cfg.batch_size, 3, 16, 16) for _ in range(2)]
     for step in range(3):
-        pretrain.train_step(t, *x, step)
+        training.train_step(t, *x, step)
     online, momentum = (getattr(t.model, n) for n in PAIRS[method][1])
     old = [p.detach().clone() for p in momentum.parameters()]
-    pretrain.train_step(t, *x, 3)
+    training.train_step(t, *x, 3)
     m, constant = scheduled_momentum(4 / 6), BASE
     gap = max(((m - constant) * (o - w.detach())).abs().max().item() for o, w in zip(old, online.parameters()))
     assert gap > 1e-3  # >> assert_close's atol + rtol * |w| above

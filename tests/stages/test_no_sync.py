@@ -13,8 +13,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from stages import pretrain
-from stages.pretrain import PretrainConfig, resolve
+from stages import training
+from stages.configs import PretrainConfig
+from stages.runspec import resolve
 
 META = torch.device("meta")
 
@@ -39,7 +40,7 @@ class CrossDeviceOps(TorchDispatchMode):
 def _meta_training(tiny_overrides, method: str, queue_size: int = 0):
     # precision fp32: no autocast, the policy every device has; the model, optimizer state and batch are all meta
     cfg = resolve(PretrainConfig(**{**tiny_overrides, "method": method, "precision": "fp32", "queue_size": queue_size}))
-    t, _ = pretrain.build_training(cfg, META, steps_per_epoch=4)
+    t, _ = training.build_training(cfg, META, steps_per_epoch=4)
     assert {p.device for p in t.model.parameters()} == {META}
     x = [torch.rand(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=META) for _ in range(2)]
     return t, x
@@ -48,7 +49,7 @@ def _meta_training(tiny_overrides, method: str, queue_size: int = 0):
 def _steps_without_sync(t, x, steps=3):
     with CrossDeviceOps() as mode:
         for step in range(steps):  # the first step creates the optimizer state; later ones use it
-            loss = pretrain.train_step(t, *x, step)
+            loss = training.train_step(t, *x, step)
     assert mode.ops > 100  # the mode saw the step: forward, backward, optimizer, momentum update
     assert mode.crossing == [], mode.crossing
     assert loss.device == META and loss.shape == ()

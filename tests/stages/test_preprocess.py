@@ -17,8 +17,9 @@ from click.testing import CliRunner
 from export import coreml_runtime, mil_eval
 from pipeline import cli
 from pipeline.errors import PipelineError
-from stages import augment, preprocess, pretrain
+from stages import augment, bench, preprocess
 from tests.stages.test_pretrain import PIN_RTOL, PINNED, _losses
+from tests.tiny_run import pretrain_tiny
 
 SIZE, STORE = 48, 55  # a view side with a 5-tap blur (reflect padding two deep); 8/7 of it, a folder store
 # The Core ML backend's view against torch's, both before uint8: the color_jitter, grayscale and blur models'
@@ -131,9 +132,7 @@ def test_pretraining_with_preprocess_auto_on_linux(tmp_path, tiny_overrides, on_
     """auto on Linux is the torch backend, which is the reference path: the pinned losses, and the log says why."""
     lines = []
     out = tmp_path / "run"
-    cfg = pretrain.config_for_run(None, {**tiny_overrides, "max_steps": 3, "preprocess": "auto", "augment": "cpu",
-                                         "recipe": "paper"}, out, resume=False)
-    pretrain.run(cfg, out, say=lines.append)
+    pretrain_tiny(out, say=lines.append, max_steps=3, preprocess="auto", augment="cpu", recipe="paper")
     assert _losses(out) == pytest.approx(PINNED["simclr"], rel=PIN_RTOL["simclr"])
     setup = [line for line in lines if line.startswith("pretraining ")]
     assert "preprocess torch (auto: Core ML cannot run here: Core ML runs only on macOS (this is Linux))" in setup[0]
@@ -152,7 +151,7 @@ def test_bench_times_preprocessing_per_image(on_linux):
     assert res.exit_code == 0, res.output
     r = json.loads(res.output.strip().splitlines()[-1])
     assert (r["preprocess"], r["image_size"], r["images_per_window"]) == ("torch", 16, 2)
-    assert set(r["ms_per_image"]) == {"color_jitter", "grayscale", "gaussian_blur", "resize_normalize", "two_views"}
+    assert set(r["ms_per_image"]) == {"color_jitter", "grayscale", "gaussian_blur", "two_views"}
     assert all(v > 0 for v in r["ms_per_image"].values())
     res = CliRunner().invoke(cli.main, ["bench", *tiny, "--preprocess", "torch"])
     assert res.exit_code == 0 and "preprocess torch (asked for)" in res.output and "ms/image" in res.output
@@ -161,10 +160,9 @@ def test_bench_times_preprocessing_per_image(on_linux):
 
 
 def test_bench_times_the_coreml_backend(coreml_by_evaluator, cache_root):
-    r = preprocess.time_per_image("coreml", "byol", SIZE, STORE, images=2, windows=1, warmup=0, seed=0, cache_root=cache_root)
+    r = bench.time_per_image("coreml", "byol", SIZE, STORE, images=2, windows=1, warmup=0, seed=0, cache_root=cache_root)
     assert r["preprocess"] == "coreml" and r["blur_kernel"] == 5 and all(v > 0 for v in r["ms_per_image"].values())
-    assert {c[1] for c in coreml_by_evaluator if c[0] == "predict"} == {"color_jitter", "grayscale", "gaussian_blur",
-                                                                         "resize_normalize"}
+    assert {c[1] for c in coreml_by_evaluator if c[0] == "predict"} == {"color_jitter", "grayscale", "gaussian_blur"}
 
 
 def test_coreml_load_and_predict_arrays_with_mlmodel_mocked(monkeypatch, on_linux):

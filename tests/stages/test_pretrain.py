@@ -9,8 +9,10 @@ import torch
 from pipeline import rundir
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
-from stages import pretrain
-from stages.pretrain import PretrainConfig, config_for_run, resolve
+from stages import training
+from stages.configs import PretrainConfig
+from stages.runspec import resolve
+from tests.tiny_run import pretrain_tiny
 
 # First three logged losses of the tiny seeded CPU run for each method (conftest.TINY, 3 steps).
 # A change here is a behaviour change of the loss, the augmentation, the init or the data order: look before
@@ -35,8 +37,7 @@ PIN_RTOL = {"simclr": 2e-4, "byol": 1.5e-4, "mocov3": 2.5e-4}
 
 def _run(tmp_path, overrides, resume=False, name="run"):
     out = tmp_path / name
-    cfg = config_for_run(None, overrides, out, resume)
-    pretrain.run(cfg, out, resume=resume, say=lambda *_: None)
+    pretrain_tiny(out, resume, **overrides)
     return out
 
 
@@ -121,7 +122,7 @@ def test_last_checkpoint_written_by_time_and_at_the_end(tmp_path, tiny_overrides
     passed (0 = every epoch) and always at the end."""
     written = []
     real = rundir.torch_save_atomic
-    monkeypatch.setattr(rundir, "torch_save_atomic", lambda obj, path: (written.append(obj["step"]), real(obj, path)))
+    monkeypatch.setattr(rundir, "torch_save_atomic", lambda path, obj: (written.append(obj["step"]), real(path, obj)))
     _run(tmp_path, {**tiny_overrides, "epochs": 3, "checkpoint_every_s": every_s})
     spe = torch.load(tmp_path / "run" / rundir.LAST_CHECKPOINT, weights_only=False)["meta"]["steps_per_epoch"]
     assert written == [spe * (i + 1) for i in range(3)][-writes:]
@@ -190,12 +191,12 @@ def test_resolve_fills_method_defaults():
 
 def test_cuda_graphs_policy():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert pretrain.use_cuda_graphs("auto", cuda, 1, compiled=False)
-    assert not pretrain.use_cuda_graphs("off", cuda, 1, compiled=False)
+    assert training.use_cuda_graphs("auto", cuda, 1, compiled=False)
+    assert not training.use_cuda_graphs("off", cuda, 1, compiled=False)
     for device, world, compiled in [(cpu, 1, False), (cuda, 2, False), (cuda, 1, True)]:
-        assert not pretrain.use_cuda_graphs("auto", device, world, compiled)
+        assert not training.use_cuda_graphs("auto", device, world, compiled)
         with pytest.raises(PipelineError, match="--cuda-graphs on needs one CUDA process"):
-            pretrain.use_cuda_graphs("on", device, world, compiled)
+            training.use_cuda_graphs("on", device, world, compiled)
 
 
 def test_cuda_graphs_on_without_cuda_is_a_clean_error(tmp_path, tiny_overrides):
@@ -228,12 +229,12 @@ def test_training_step_never_waits_for_the_device(tiny_overrides, method):
 
     extra = {"queue_size": 16} if method == "mocov3" else {}
     cfg = resolve(PretrainConfig(**{**tiny_overrides, "method": method, **extra}))
-    t, _ = pretrain.build_training(cfg, torch.device("cpu"), steps_per_epoch=4)
+    t, _ = training.build_training(cfg, torch.device("cpu"), steps_per_epoch=4)
     x = [torch.rand(cfg.batch_size, 3, 16, 16) for _ in range(2)]
     for step in range(2):
-        pretrain.train_step(t, *x, step)
+        training.train_step(t, *x, step)
     with Ops() as ops:
-        pretrain.train_step(t, *x, 2)
+        training.train_step(t, *x, 2)
     assert "aten.convolution" in ops.seen or "aten.convolution_backward" in ops.seen  # the mode saw the step
     assert not sorted(ops.seen & set(SYNCING_OPS)), f"{method}: {sorted(ops.seen & set(SYNCING_OPS))}"
 

@@ -12,7 +12,8 @@ from pipeline.errors import PipelineError
 from stages import augment, pretrain, recipes
 from stages.data import count_train_images, load_data, make_split
 from stages.methods import byol, mocov3, simclr
-from stages.pretrain import PretrainConfig, config_for_run, resolve
+from stages.configs import PretrainConfig
+from stages.runspec import config_for_run, resolve
 
 
 @pytest.mark.parametrize("n_train, steps, size, expected", [
@@ -113,13 +114,13 @@ def test_crop_min_scale_comes_from_the_recipe_and_a_flag_wins(tmp_path):
 def test_the_run_crops_at_its_recorded_min_scale(tmp_path, tiny_overrides, monkeypatch):
     """The views pretraining draws use crop_min_scale (the recipe's, or the flag's), not the paper's 8 %."""
     seen = []
-    real = augment.view_batches
+    real = pretrain.view_batches
 
     def spy(mode, images, views, *a, **k):
         seen.append([v.crop_scale for v in views])
         return real(mode, images, views, *a, **k)
 
-    monkeypatch.setattr(augment, "view_batches", spy)
+    monkeypatch.setattr(pretrain, "view_batches", spy)
     for scale in (None, 0.4):
         over = {**tiny_overrides, "method": "mocov3", "max_steps": 1, **({"crop_min_scale": scale} if scale else {})}
         pretrain.run(config_for_run(None, over, tmp_path / str(scale), False), tmp_path / str(scale), say=lambda *_: None)

@@ -9,7 +9,8 @@ from PIL import Image
 from pipeline import rundir
 from pipeline.errors import PipelineError
 from stages import pretrain
-from stages.pretrain import config_for_run
+from stages.runspec import config_for_run
+from tests.tiny_run import pretrain_tiny
 
 REFUSED = [  # field, the run's value, a changed one
     ("method", "simclr", "byol"),
@@ -32,7 +33,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("resume") / "run"
     over = dict(data="synthetic:48", backbone="resnet18", image_size=16, batch_size=8, epochs=2, proj_hidden_dim=32,
                 proj_dim=16, pred_hidden_dim=32, device="cpu", num_workers=0, warmup_epochs=0.5, seed=0, max_steps=1)
-    pretrain.run(config_for_run(None, over, out, False), out, say=lambda *_: None)
+    pretrain_tiny(out, **over)
     return out
 
 
@@ -62,8 +63,7 @@ def test_resume_refuses_a_changed_field_from_a_config_file(trained, tmp_path):
 
 def test_mocov3_queue_size_change_is_refused(tmp_path, tiny_overrides):
     out = tmp_path / "run"
-    pretrain.run(config_for_run(None, {**tiny_overrides, "method": "mocov3", "queue_size": 8, "max_steps": 1}, out, False),
-                 out, say=lambda *_: None)
+    pretrain_tiny(out, method="mocov3", queue_size=8, max_steps=1)
     with pytest.raises(PipelineError, match="`queue_size` is 8"):
         config_for_run(None, {"queue_size": 16}, out, resume=True)
 
@@ -83,7 +83,7 @@ def test_resume_refuses_changed_images_under_the_same_spec(tmp_path, tiny_overri
             Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(folder / cls / f"{i}.png")
     out = tmp_path / "run"
     over = {**tiny_overrides, "data": f"folder:{folder}", "max_steps": 1, "val_fraction": 0.2}
-    pretrain.run(config_for_run(None, over, out, False), out, say=lambda *_: None)
+    pretrain_tiny(out, **over)
     before = (out / rundir.LAST_CHECKPOINT).read_bytes()
     (folder / "a" / "0.png").rename(folder / "a" / "renamed.png")
     with pytest.raises(PipelineError, match="--resume: the images of folder:.* changed"):

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from stages.serve import uploads  # noqa: E402
 from stages.serve.app import create_app  # noqa: E402
-from stages.serve.options import describe  # noqa: E402
+from stages.serve.describe import describe  # noqa: E402
 from stages.serve.store import Store  # noqa: E402
 
 

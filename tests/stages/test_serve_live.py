@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from stages import runspec
 from stages.serve.store import Store
 
 httpx = pytest.importorskip("httpx")
@@ -189,7 +190,7 @@ def test_a_job_end_to_end_through_a_sigkill_to_the_same_weights_and_validated_do
     assert json.loads((copy / "validate" / "parity.json").read_text())["passed"]
 
     ref = tmp_path / "ref"
-    cfg = pretrain.config_for_run(None, dict(options, data="synthetic:48"), ref, resume=False)
+    cfg = runspec.config_for_run(None, dict(options, data="synthetic:48"), ref, resume=False)
     pretrain.run(cfg, ref, say=lambda *a: None)
     got = torch.load(last, weights_only=False)["model"]
     want = torch.load(ref / "checkpoints" / "last.pt", weights_only=False)["model"]

@@ -9,12 +9,13 @@ import yaml
 
 from export.encoder import load_encoder
 from pipeline import rundir
-from stages import pretrain
 from stages.backbones import BACKBONES, build_backbone
-from stages.pretrain import PretrainConfig, build_model, config_for_run
+from stages.configs import PretrainConfig
+from stages.runspec import build_model
 from stages.strip import StripConfig, encoder_path, run
 from tests.cli_helpers import assert_one_line_error as _one_line_error
 from tests.cli_helpers import cli as _cli
+from tests.tiny_run import pretrain_tiny
 
 ENCODER_KEYS = {"state_dict", "backbone", "small_stem", "feat_dim", "image_size", "mean", "std", "l2_normalize", "metadata"}
 HEAD_PREFIXES = ("projector", "predictor", "target_", "momentum_", "queue")
@@ -24,7 +25,7 @@ DROPPED = {"byol": ["predictor", "projector", "target_backbone", "target_project
 
 def _pretrained(tmp_path: Path, overrides: dict, name: str = "run") -> Path:
     out = tmp_path / name
-    pretrain.run(config_for_run(None, {**overrides, "max_steps": 1}, out, False), out, say=lambda *_: None)
+    pretrain_tiny(out, **{**overrides, "max_steps": 1})
     return out
 
 

@@ -13,17 +13,17 @@ from export.encoder import load_encoder
 from pipeline import rundir
 from pipeline.cli import main
 from pipeline.errors import PipelineError
-from stages import pretrain
 from stages import trace as trace_stage
-from stages.pretrain import config_for_run
 from stages.strip import StripConfig, encoder_path
 from stages.strip import run as strip
-from stages.trace import TRACE_INFO, TraceConfig, load_traced
+from export.traced import TRACE_INFO, load_traced
+from stages.trace import TraceConfig
+from tests.tiny_run import pretrain_tiny
 
 
 def _stripped(tmp_path: Path, overrides: dict) -> Path:
     out = tmp_path / "run"
-    pretrain.run(config_for_run(None, {**overrides, "max_steps": 1}, out, False), out, say=lambda *_: None)
+    pretrain_tiny(out, **{**overrides, "max_steps": 1})
     strip(StripConfig(), out, say=lambda *_: None)
     return out
 

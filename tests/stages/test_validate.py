@@ -23,9 +23,7 @@ from pipeline.errors import PipelineError
 from stages import validate
 from stages.validate import PARITY, ValidateConfig
 
-TINY = dict(data="synthetic:96", backbone="resnet18", image_size=16, batch_size=16, epochs=1, max_steps=2,
-            proj_hidden_dim=32, proj_dim=16, pred_hidden_dim=32, device="cpu", num_workers=0, val_fraction=0.34,
-            warmup_epochs=0.5, seed=0)  # 32 colour val images: enough for top-10
+TINY = dict(data="synthetic:96", batch_size=16, epochs=1, max_steps=2, val_fraction=0.34)  # 32 val images: enough for top-10
 FILES = {"mlpackage": "encoder.mlpackage", "mlmodel": "encoder.mlmodel", "onnx": "encoder.onnx"}
 
 
@@ -34,10 +32,11 @@ def _quiet(*_):
 
 
 def _build_exported_run(root: Path) -> Path:
-    from stages import convert, pretrain, strip, trace
+    from stages import convert, strip, trace
+    from tests.tiny_run import pretrain_tiny
 
     run = root / "run"
-    pretrain.run(pretrain.config_for_run(None, TINY, run, False), run, say=_quiet)
+    pretrain_tiny(run, **TINY)
     strip.run(strip.StripConfig(), run, say=_quiet)
     trace.run(trace.TraceConfig(), run, say=_quiet)
     convert.run(load_config(convert.ExportConfig, None, {}), run, say=_quiet)  # all formats, default precisions

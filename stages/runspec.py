@@ -1,0 +1,165 @@
+"""A run's pretraining config, from the flags and files that make it to what every later stage reads back.
+
+The one home of what several stages share about a run: resolving a config against its recipe and checking its
+bounds, the side its images are stored at, seeding, rebuilding the method's model, and reading a run directory
+back (`read_run`: config.yaml, checked against the checkpoint; `recorded_split`: split.json, checked against the
+images). Stages import this module and read the run directory; they never import each other.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline import rundir
+from pipeline.config import load_config, to_dict
+from pipeline.errors import PipelineError
+from stages import recipes
+from stages.backbones import build_backbone, min_image_size, uses_small_stem
+from stages.configs import PretrainConfig
+from stages.data import ImageData, count_train_images
+from stages.data import store_size_for as data_store_size
+from stages.methods import METHODS
+
+# What must agree between config.yaml and the checkpoint's own record: the things that decide the architecture.
+ARCHITECTURE_KEYS = ("method", "backbone", "image_size", "small_stem")
+SPLIT_KEYS = ("num_images", "train", "val", "train_sources", "val_sources")  # what pretrain writes into split.json
+
+
+def chosen_recipe(cfg: PretrainConfig) -> tuple[str, str]:
+    """(recipe, why) for this run's scale: train images (counted from the SPEC without decoding), steps, image size."""
+    n_train = count_train_images(cfg.data, cfg.val_fraction)
+    steps = n_train // cfg.batch_size * cfg.epochs
+    return recipes.choose(cfg.recipe, n_train, steps, cfg.image_size)
+
+
+def resolve(cfg: PretrainConfig) -> PretrainConfig:
+    """Fill every None the method uses with the chosen recipe's value (stages/recipes.py), so config.yaml records
+    what actually ran; `recipe` itself stays as asked (run() records the one chosen)."""
+    name, _ = chosen_recipe(cfg)
+    # an option the method does not use (BYOL's temperature) stays None; every method crops
+    values = {"crop_min_scale": recipes.crop_min_scale(name, cfg.method), **recipes.values(name, cfg.method)}
+    filled = {k: (values[k] if getattr(cfg, k) is None and k in values else getattr(cfg, k)) for k in to_dict(cfg)}
+    return PretrainConfig(**filled)
+
+
+# Bounds of the numeric options (None = the method's default, always valid): a value outside them would train on
+# nonsense (a negative rate ascends the loss, a momentum above 1 extrapolates) instead of stopping with its name.
+BOUNDS = {  # key: (lowest, highest, whether the lowest itself is allowed)
+    "lr": (0.0, math.inf, False), "temperature": (0.0, math.inf, False), "weight_decay": (0.0, math.inf, True),
+    "momentum_base": (0.0, 1.0, True), "crop_min_scale": (0.0, 1.0, False), "warmup_epochs": (0.0, math.inf, True),
+    "proj_dim": (1, math.inf, True), "proj_hidden_dim": (1, math.inf, True), "pred_hidden_dim": (1, math.inf, True),
+    "queue_size": (0, math.inf, True), "max_steps": (0, math.inf, True), "log_every": (1, math.inf, True),
+    "save_every": (0, math.inf, True), "knn_every": (0, math.inf, True), "num_workers": (-1, math.inf, True),
+}
+
+
+def validate(cfg: PretrainConfig) -> None:
+    for key, (lo, hi, lo_ok) in BOUNDS.items():
+        value = getattr(cfg, key)
+        if value is not None and not ((lo <= value if lo_ok else lo < value) and value <= hi):
+            bound = f"{'>=' if lo_ok else '>'} {lo:g}" + (f" and <= {hi:g}" if hi < math.inf else "")
+            raise PipelineError(f"`{key}` must be {bound}, got {value!r}")
+    small = uses_small_stem(cfg.small_stem, cfg.image_size)
+    lo = min_image_size(small)
+    if not lo <= cfg.image_size <= 1024:
+        raise PipelineError(f"image size {cfg.image_size} is impossible for {cfg.backbone} with the "
+                            f"{'small' if small else 'ImageNet'} stem: use {lo}..1024")
+    if cfg.batch_size < 2:
+        raise PipelineError(f"batch size must be at least 2 (contrastive losses need negatives), got {cfg.batch_size}")
+    if cfg.epochs < 1:
+        raise PipelineError(f"epochs must be >= 1, got {cfg.epochs}")
+    if cfg.store_size and cfg.store_size < cfg.image_size:
+        raise PipelineError(f"store_size {cfg.store_size} is smaller than image_size {cfg.image_size}")
+    if cfg.lars_eta <= 0:
+        raise PipelineError(f"lars_eta must be > 0, got {cfg.lars_eta}")
+    if cfg.checkpoint_every_s < 0:
+        raise PipelineError(f"checkpoint_every_s must be >= 0 (0 = every epoch), got {cfg.checkpoint_every_s}")
+    if cfg.queue_size and cfg.method != "mocov3":
+        raise PipelineError(f"queue_size is a MoCo v3 option; method is {cfg.method}")
+
+
+def store_size_for(cfg: PretrainConfig) -> int:
+    return data_store_size(cfg.data, cfg.image_size, cfg.store_size)
+
+
+def peak_lr(cfg: PretrainConfig) -> float:
+    ratio = cfg.batch_size / 256
+    return cfg.lr * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[cfg.lr_scaling]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_model(cfg: PretrainConfig) -> tuple[torch.nn.Module, int]:
+    """The method's module around a fresh backbone; later stages rebuild it from the stored config."""
+    backbone, feat_dim = build_backbone(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size))
+    return METHODS[cfg.method].build(backbone, feat_dim, cfg), feat_dim
+
+
+def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) -> PretrainConfig:
+    """A resumed run starts from its own config.yaml; flags may still change e.g. max_steps or epochs, but not
+    what would make the checkpoint meaningless."""
+    saved = run_dir / rundir.CONFIG
+    if resume:
+        if not (run_dir / rundir.LAST_CHECKPOINT).is_file():
+            raise PipelineError(f"--resume: no checkpoint at {run_dir / rundir.LAST_CHECKPOINT}")
+        cfg = load_config(PretrainConfig, config_file or saved, overrides)
+        old = load_config(PretrainConfig, saved)
+        for key in ("method", "recipe", "backbone", "image_size", "small_stem", "data", "batch_size", "seed", "proj_dim",
+                    "proj_hidden_dim", "pred_hidden_dim", "queue_size", "val_fraction"):
+            if getattr(cfg, key) is not None and getattr(old, key) is not None and getattr(cfg, key) != getattr(old, key):
+                raise PipelineError(f"--resume: `{key}` is {getattr(old, key)!r} in {saved}, cannot change it to {getattr(cfg, key)!r}")
+    else:
+        cfg = load_config(PretrainConfig, config_file, overrides)
+    cfg = resolve(cfg)
+    validate(cfg)  # a bad value fails here, before a process is launched or a file written
+    return cfg
+
+
+
+def read_run(run_dir: Path, ckpt: dict | None = None) -> PretrainConfig:
+    """RUN/config.yaml (every value resolved by pretraining); with the run's checkpoint, checked against the config
+    the checkpoint was saved with, so a checkpoint copied in from another run is refused."""
+    path = run_dir / rundir.CONFIG
+    if not path.is_file():
+        raise PipelineError(f"no {rundir.CONFIG} in {run_dir}: the run directory is incomplete (re-run `pipeline pretrain`)")
+    cfg = load_config(PretrainConfig, path)
+    saved = (ckpt or {}).get(rundir.CKPT_CONFIG) or {}
+    for key in ARCHITECTURE_KEYS:
+        if key in saved and saved[key] != getattr(cfg, key):
+            raise PipelineError(f"{run_dir / rundir.LAST_CHECKPOINT} was trained with {key}={saved[key]!r} but {path} says "
+                                f"{getattr(cfg, key)!r}: the checkpoint belongs to another run")
+    return cfg
+
+
+def read_split(run_dir: Path) -> dict:
+    """RUN/split.json as pretraining wrote it (indices and source ids of train and val), unchecked against images."""
+    path = run_dir / rundir.SPLIT
+    split = rundir.load_json(path, "split")
+    if not isinstance(split, dict) or not set(SPLIT_KEYS) <= set(split):
+        raise PipelineError(f"{path} is not a split written by `pipeline pretrain`: re-run pretraining")
+    return split
+
+
+def recorded_split(run_dir: Path, data: ImageData, instead: str = "") -> dict:
+    """RUN/split.json, once its recorded indices are checked to still point at the recorded source files / ids of
+    `data` (the run's images as they are now): evaluation on a changed folder would leak or mislabel. `instead`
+    is the caller's way out, added to the error."""
+    path = run_dir / rundir.SPLIT
+    split = read_split(run_dir)
+    same = split["num_images"] == len(data)
+    for part in ("train", "val"):
+        idx, src = split[part], split[f"{part}_sources"]
+        same = same and len(idx) == len(src) and all(0 <= i < len(data) and data.sources[i] == s for i, s in zip(idx, src))
+    if not same:
+        raise PipelineError(f"the images of {data.spec} are no longer those recorded in {path}: restore them"
+                            f"{', or ' + instead if instead else ''}")
+    return split

@@ -1,0 +1,192 @@
+"""The training step and what it stands on, shared by `pipeline pretrain` and `pipeline bench` (so the benchmark
+times the very step training runs): the model on its device (memory format, SyncBN, compile, DDP, CUDA graphs),
+optimizer, schedule and scaler; one optimisation step; where each step's batches come from; the RNG state a
+checkpoint keeps."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipeline.device import precision_for
+from pipeline.errors import PipelineError
+from stages import augment, distributed
+from stages.configs import PretrainConfig
+from stages.device_augment import device_view_batches
+from stages.optim import build_optimizer, warmup_cosine
+from stages.preprocess import PIL_PREPROCESS
+from stages.runspec import build_model, peak_lr
+
+
+def default_workers(requested: int) -> int:
+    if requested >= 0:
+        return requested
+    return max(0, min(8, (os.cpu_count() or 1) - 1))
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def use_channels_last(choice: str, device: torch.device) -> bool:
+    return choice == "on" or (choice == "auto" and device.type == "cuda")
+
+
+def keep_on_device(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The uint8 train set on the training device when it takes at most a quarter of the free memory there (no
+    host work or copy per step then); otherwise it stays on the host and each batch's images are copied over."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        fits = images.numel() <= free // 4
+    elif device.type == "mps" and hasattr(torch.mps, "recommended_max_memory"):
+        fits = images.numel() <= torch.mps.recommended_max_memory() // 4
+    else:
+        fits = device.type == "cpu"
+    return images.to(device) if fits else images
+
+
+def use_cuda_graphs(choice: str, device: torch.device, world: int, compiled: bool, sync_bn: bool = False) -> bool:
+    """CUDA graphs need CUDA; torch.compile brings its own graphs, and SyncBatchNorm's collectives (it runs under
+    DDP) would sit inside the captured forward and backward: those cases stay eager. Several processes otherwise
+    graph the backbone as one does and average gradients after it (distributed.flat_gradients)."""
+    possible = device.type == "cuda" and not compiled and not (world > 1 and sync_bn)
+    if choice == "on" and not possible:
+        raise PipelineError("--cuda-graphs on needs CUDA without --compile or --sync-bn (this run: device "
+                            f"{device.type}, {world} process(es), compile {compiled}, sync_bn {sync_bn}); use auto or off")
+    return choice != "off" and possible
+
+
+def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, channels_last: bool, precision) -> None:
+    """Capture the backbone's training forward and backward for `batch` images (torch.cuda.make_graphed_callables,
+    in place: the module keeps its parameters and state_dict, eval mode still runs the plain forward). Every
+    step then costs two graph launches instead of the layer-by-layer launches from Python. The capture's warm-up
+    passes move the BatchNorm statistics; they are put back, so training starts exactly where it would have."""
+    device = next(backbone.parameters()).device
+    saved = [b.detach().clone() for b in backbone.buffers()]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    own = torch.Generator(device).manual_seed(0)  # not the global CUDA generator: its state is the run's
+    sample = torch.randn(batch, 3, image_size, image_size, device=device, generator=own).contiguous(memory_format=fmt)
+    amp = (torch.autocast(device.type, dtype=precision.backbone_dtype, cache_enabled=False)  # capture needs no cache
+           if precision.backbone_dtype is not None else contextlib.nullcontext())
+    # The capture's warm-up runs on make_graphed_callables' own stream, and autograd remembers that stream for each
+    # parameter's gradient accumulator: every backward then adds a GPU-side event wait per parameter (no host
+    # wait, so no cost a step shows: BENCHMARKS.md) and torch warns once, already during the capture. Expected
+    # here, so not shown: the switch torch offers where it has one, and a filter for exactly that message (its
+    # first sentence), both set before the capture.
+    if hasattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch"):
+        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
+    warnings.filterwarnings("ignore", message=r"The AccumulateGrad node's stream does not match the stream of the "
+                                              r"node that produced the incoming gradient", category=UserWarning)
+    with amp:
+        torch.cuda.make_graphed_callables(backbone, (sample,))
+    with torch.no_grad():
+        for b, s in zip(backbone.buffers(), saved):
+            b.copy_(s)  # in place: the graphs hold these addresses
+
+
+@dataclass
+class Training:
+    """What one optimisation step needs. `run` and stages/bench.py both use it, so the benchmark times the very
+    step that training runs."""
+
+    model: torch.nn.Module  # the method module: state_dict, after_step
+    forward: torch.nn.Module  # the model, or its DistributedDataParallel wrapper (several processes with SyncBN)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    precision: object
+    total_steps: int
+    channels_last: bool
+    cuda_graphs: bool = False
+    grads: torch.Tensor | None = None  # several processes without SyncBN: the flat gradient buffer averaged each step
+
+
+def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: int) -> tuple[Training, int]:
+    """Model (memory format, SyncBN, compile, CUDA graphs, gradient averaging), optimizer, schedule, scaler for this process; (training, feat_dim)."""
+    model, feat_dim = build_model(cfg)
+    model.to(device)
+    channels_last = use_channels_last(cfg.channels_last, device)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # shapes never change: cuDNN times its conv algorithms once, then reuses the fastest
+    world = distributed.world_size()
+    if world > 1 and cfg.sync_bn:
+        if device.type != "cuda":
+            raise PipelineError("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU kernel (drop --sync-bn on CPU)")
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if cfg.compile:
+        model.backbone.compile()  # in place: state_dict keys stay those of the plain module
+    precision = precision_for(device, cfg.precision)
+    graphs = use_cuda_graphs(cfg.cuda_graphs, device, world, cfg.compile, cfg.sync_bn)
+    if graphs:  # both views of this process's images go through the backbone as one batch
+        graph_backbone(model.backbone, 2 * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
+    total_steps = steps_per_epoch * cfg.epochs
+    optimizer = build_optimizer(cfg.optimizer, model.parameters(), peak_lr(cfg), cfg.weight_decay, cfg.lars_eta)
+    scheduler = warmup_cosine(optimizer, round(cfg.warmup_epochs * steps_per_epoch), total_steps)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
+    forward, grads = model, None
+    if world > 1:
+        distributed.broadcast_from_main(model)
+        if cfg.sync_bn:  # SyncBatchNorm is supported under DDP only (torch's documentation)
+            forward = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+        else:  # one all-reduce of one flat buffer after the (graphed) backward: see distributed.flat_gradients
+            grads = distributed.flat_gradients(model.parameters())
+    return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last, graphs,
+                    grads), feat_dim
+
+
+def train_step(t: Training, x1: torch.Tensor, x2: torch.Tensor, step: int) -> torch.Tensor:
+    """One optimisation step (step = steps done before it). Returns the loss averaged over processes, detached and
+    still on the device: reading it waits for the GPU, so the caller chooses when (the loop reads it a step late)."""
+    loss = t.forward(x1, x2, t.precision)
+    if t.grads is None:
+        t.optimizer.zero_grad(set_to_none=True)
+    else:
+        t.grads.zero_()  # the grads are views of this buffer: they must stay
+    t.scaler.scale(loss).backward()
+    if t.grads is not None:
+        distributed.average_(t.grads)
+    t.scaler.step(t.optimizer)
+    t.scaler.update()
+    t.scheduler.step()
+    t.model.after_step((step + 1) / t.total_steps)
+    return distributed.mean(loss)
+
+
+def augment_mode(requested: str, device: torch.device) -> str:
+    """auto: on the training device when it is an accelerator (CPU workers cannot keep a GPU fed:
+    BENCHMARKS.md), in CPU workers otherwise (the reference path, and on a CPU it is the same silicon anyway)."""
+    if requested == "auto":
+        return "device" if device.type in ("cuda", "mps") else "cpu"
+    return requested
+
+
+def view_batches(mode: str, images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
+                 start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
+                 channels_last: bool = False, preprocess=PIL_PREPROCESS):
+    """The one place training batches come from: (x1, x2) per step, by the CPU path or the device path
+    (stages/device_augment.py); mode is `augment_mode`'s answer. `preprocess` (stages/preprocess.py) serves the
+    CPU path only."""
+    if mode == "device":
+        return device_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device,
+                                   shard, channels_last)
+    return augment.cpu_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device, num_workers,
+                            shard, channels_last, preprocess)
