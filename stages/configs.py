@@ -55,7 +55,7 @@ class PretrainConfig:
     augment: str = opt("auto", "where views are made: device = batched on the training GPU, cpu = per image in DataLoader workers (the reference); auto = device on cuda/mps", choices=AUGMENT_MODES)
     preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = uint8 Pillow/numpy ops in the workers; auto = coreml where Core ML runs", choices=PREPROCESS_CHOICES)
     channels_last: str = opt("auto", "NHWC memory format: about 2x faster bf16 convs on CUDA tensor cores; auto = on for CUDA only", choices=("auto", "on", "off"))
-    cuda_graphs: str = opt("auto", "replay the backbone's forward and backward as two CUDA graphs instead of launching its hundreds of kernels from Python every step (the host, not the GPU, limits small-image steps on a fast GPU: BENCHMARKS.md); auto = on for one CUDA process without --compile", choices=("auto", "on", "off"))
+    cuda_graphs: str = opt("auto", "replay the backbone's forward and backward as two CUDA graphs instead of launching its hundreds of kernels from Python every step (the host, not the GPU, limits small-image steps on a fast GPU: BENCHMARKS.md); auto = on for CUDA without --compile (and, with several processes, without --sync-bn)", choices=("auto", "on", "off"))
     compile: bool = opt(False, "torch.compile the backbone: off by default: slower than eager where measured (README) and minutes to compile")
     sync_bn: bool = opt(False, "several GPUs: BatchNorm statistics over the global batch (SimCLR's choice), at one all-reduce per BN layer; CUDA only")
     seed: int = opt(0, "seeds init, split, order and every augmentation draw")
