@@ -51,22 +51,23 @@ def head_input(h: torch.Tensor, precision) -> torch.Tensor:
     return h.float() if precision.head_dtype is None else h
 
 
-def online_and_momentum(x1: torch.Tensor, x2: torch.Tensor, precision, backbone: nn.Module, heads: tuple,
-                        momentum_backbone: nn.Module, momentum_heads: tuple):
-    """Both views through the online branch (backbone, then `heads` in order) and, without gradients, the momentum
-    branch: ((online view 1, online view 2), (momentum view 1, momentum view 2)). BYOL and MoCo v3 share it."""
-    x = torch.cat([x1, x2])
+def through(x: torch.Tensor, precision, backbone: nn.Module, heads: tuple) -> torch.Tensor:
+    """x through the backbone (in the backbone's precision), then through `heads` in order (in the heads')."""
     with precision.backbone():
         h = backbone(x)
     with precision.heads():
         z = head_input(h, precision)
         for head in heads:
             z = head(z)
+    return z
+
+
+def online_and_momentum(x1: torch.Tensor, x2: torch.Tensor, precision, backbone: nn.Module, heads: tuple,
+                        momentum_backbone: nn.Module, momentum_heads: tuple):
+    """Both views through the online branch (backbone, then `heads` in order) and, without gradients, the momentum
+    branch: ((online view 1, online view 2), (momentum view 1, momentum view 2)). BYOL and MoCo v3 share it."""
+    x = torch.cat([x1, x2])
+    z = through(x, precision, backbone, heads)
     with torch.no_grad():
-        with precision.backbone():
-            hk = momentum_backbone(x)
-        with precision.heads():
-            zk = head_input(hk, precision)
-            for head in momentum_heads:
-                zk = head(zk)
+        zk = through(x, precision, momentum_backbone, momentum_heads)
     return z.chunk(2), zk.chunk(2)
