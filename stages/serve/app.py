@@ -16,6 +16,7 @@ import shutil
 import stat
 import zipfile
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -131,6 +132,30 @@ def _capped(receive, limit: int):
     return wrapped
 
 
+@dataclass
+class Service:
+    """What every route needs: the job folder and its store, the runner, and what submissions may hold."""
+
+    root: Path
+    store: Store
+    runner: Runner
+    token: str
+    described: dict  # options.probe()'s answer: fields, commands, formats, auto_device
+    options_cls: type  # PretrainConfig's fields minus those the server sets (options.options_class)
+    advertised: list  # the fields a client may set, as GET /options lists them
+    allow_data: tuple[str, ...]
+    max_upload: int
+    caps: uploads.ZipCaps
+    run_jobs: bool
+    poll_s: float
+
+    def job(self, job_id: str) -> dict:
+        job = self.store.get(job_id)
+        if job is None:
+            raise HTTPException(404, f"no job {job_id}")
+        return job
+
+
 def create_app(root: Path, described: dict, *, allow_data: tuple[str, ...] = ("digits",),
                max_upload: int = 512 << 20, caps: uploads.ZipCaps | None = None, run_jobs: bool = True,
                poll_s: float = 0.5) -> FastAPI:
@@ -138,39 +163,35 @@ def create_app(root: Path, described: dict, *, allow_data: tuple[str, ...] = ("d
     run_jobs=False accepts and queues jobs without running them (the unit tests)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    caps = caps or uploads.ZipCaps()
-    token = load_or_create_token(root)
     store = Store(root / DB_FILE)
     _remove_unrecorded(root, store)
-    options_cls = options_class(described)
-    advertised = [f for f in described["fields"] if f["name"] not in SERVER_SET]
-    runner = Runner(store, root, described["commands"], poll_s=poll_s)
+    svc = Service(root, store, Runner(store, root, described["commands"], poll_s=poll_s), load_or_create_token(root),
+                  described, options_class(described), [f for f in described["fields"] if f["name"] not in SERVER_SET],
+                  allow_data, max_upload, caps or uploads.ZipCaps(), run_jobs, poll_s)
 
     @asynccontextmanager
     async def lifespan(app):
         if run_jobs:
-            runner.start()
+            svc.runner.start()
         yield
-        runner.stop()
+        svc.runner.stop()
 
     app = FastAPI(title="ssl-edge-pipeline", version="1", lifespan=lifespan,
                   description="Training jobs: upload images, pretrain, evaluate, export and validate an encoder.")
-    app.state.store, app.state.runner, app.state.root = store, runner, root
+    app.state.store, app.state.runner, app.state.root = store, svc.runner, root
     bearer = HTTPBearer(auto_error=False)
 
     def auth(cred: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
-        if cred is None or not secrets.compare_digest(cred.credentials.encode(), token.encode()):
+        if cred is None or not secrets.compare_digest(cred.credentials.encode(), svc.token.encode()):
             raise HTTPException(401, "a valid bearer token is required (Authorization: Bearer <the token file's text>)",
                                 headers={"WWW-Authenticate": "Bearer"})
 
-    def get_job(job_id: str) -> dict:
-        job = store.get(job_id)
-        if job is None:
-            raise HTTPException(404, f"no job {job_id}")
-        return job
+    _info_routes(app, svc, Depends(auth))
+    _job_routes(app, svc, Depends(auth))
+    return app
 
-    job_id_param = PathParam(pattern=JOB_ID, description="a job id as POST /jobs returned it")
 
+def _info_routes(app: FastAPI, svc: Service, authed) -> None:
     @app.get("/", include_in_schema=False)
     def page() -> HTMLResponse:
         return HTMLResponse(PAGE.read_text(), headers={"Cache-Control": "no-store"})
@@ -179,14 +200,19 @@ def create_app(root: Path, described: dict, *, allow_data: tuple[str, ...] = ("d
     def health() -> dict:
         return {"status": "ok"}
 
-    @app.get("/options", dependencies=[Depends(auth)])
+    @app.get("/options", dependencies=[authed])
     def options() -> dict:
         """What POST /jobs accepts: pretraining options (type, default, choices, why), recipes, formats, data SPECs."""
-        return {"options": advertised, "recipes": recipes(), "formats": described["formats"],
-                "data": list(allow_data), "max_upload_bytes": max_upload}
+        return {"options": svc.advertised, "recipes": recipes(), "formats": svc.described["formats"],
+                "data": list(svc.allow_data), "max_upload_bytes": svc.max_upload}
 
-    json_type = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
-    submit_body = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+
+JSON_TYPE = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
+
+
+def submit_schema(svc: Service) -> dict:
+    """POST /jobs's multipart body for the OpenAPI description (FastAPI cannot infer a form read by hand)."""
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
         "type": "object", "additionalProperties": False,
         "oneOf": [{"required": ["file"]}, {"required": ["data"]}],
         "description": "a zip of images (`file`) or an allowed data SPEC (`data`), and any pretraining options by "
@@ -196,151 +222,170 @@ def create_app(root: Path, described: dict, *, allow_data: tuple[str, ...] = ("d
             # not listed here: the description is public, the allowed SPECs (maybe server paths) are not
             "data": {"type": "string", "description": "a data SPEC the server allows (GET /options lists them)"},
             "recipe": {"type": "string", "enum": recipes(), "description": "start from configs/<recipe>.yaml"},
-            "formats": {"type": "string", "enum": described["formats"], "description": "what export writes"},
-            **{f["name"]: {"type": json_type[f["type"]], "description": f["why"],
-                           **({"enum": f["choices"]} if f["choices"] else {})} for f in advertised}}}}}}}
+            "formats": {"type": "string", "enum": svc.described["formats"], "description": "what export writes"},
+            **{f["name"]: {"type": JSON_TYPE[f["type"]], "description": f["why"],
+                           **({"enum": f["choices"]} if f["choices"] else {})} for f in svc.advertised}}}}}}}
 
-    @app.post("/jobs", status_code=201, response_model=Job, dependencies=[Depends(auth)], openapi_extra=submit_body,
+
+def _job_routes(app: FastAPI, svc: Service, authed) -> None:
+    job_id_param = PathParam(pattern=JOB_ID, description="a job id as POST /jobs returned it")
+
+    @app.post("/jobs", status_code=201, response_model=Job, dependencies=[authed], openapi_extra=submit_schema(svc),
               responses={413: {"description": "upload too large"}, 422: {"description": "a bad option or upload"}})
     async def submit(request: Request) -> dict:
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > max_upload:
-            raise HTTPException(413, f"the upload is {int(length)} bytes, more than the limit of {max_upload}")
-        try:
-            form = await Request(request.scope, _capped(request.receive, max_upload)).form(max_files=1, max_fields=200)
-        except _BodyTooLarge:
-            raise HTTPException(413, f"the upload is more than the limit of {max_upload} bytes") from None
-        try:
-            return await run_in_threadpool(_submit, form)
-        finally:
-            await form.close()
+        return await receive_submission(svc, request)
 
-    def _submit(form) -> dict:
-        fields = {}
-        for key, value in form.multi_items():
-            if key in fields:
-                raise HTTPException(422, f"`{key}` is given twice")
-            fields[key] = value
-        upload = fields.pop("file", None)
-        if upload is not None and not isinstance(upload, UploadFile):
-            raise HTTPException(422, "`file` must be a file upload (a zip of images)")
-        if any(isinstance(v, UploadFile) for v in fields.values()):
-            raise HTTPException(422, "only `file` may be a file upload")
-        spec = fields.pop("data", "") or None
-        recipe = fields.pop("recipe", "") or None
-        formats = fields.pop("formats", "") or "all"
-        if (upload is None) == (spec is None):
-            raise HTTPException(422, "give either `file` (a zip of images) or `data` (one of: "
-                                     f"{', '.join(allow_data)})")
-        if spec is not None and spec not in allow_data:
-            raise HTTPException(422, f"`data` {spec!r} is not allowed here (allowed: {', '.join(allow_data)}); "
-                                     "upload a zip instead")
-        if recipe is not None and recipe not in recipes():
-            raise HTTPException(422, f"`recipe` {recipe!r} is unknown (known: {', '.join(recipes())})")
-        if formats not in described["formats"]:
-            raise HTTPException(422, f"`formats` must be one of {', '.join(described['formats'])}; got {formats!r}")
-        overrides = {k.replace("-", "_"): v for k, v in fields.items() if v != ""}
-        for key in overrides:
-            if key in SERVER_SET:
-                raise HTTPException(422, f"`{key}` is set by the server (upload a zip or pick `data`)")
-        try:
-            cfg = load_config(options_cls, RECIPES / f"{recipe}.yaml" if recipe else None, overrides)
-        except PipelineError as e:
-            raise HTTPException(422, str(e)) from None
-        chosen = {k: getattr(cfg, k) for k in overrides}
-        device = cfg.device if cfg.device != "auto" else described["auto_device"]
-        job_id = _new_job_id(root, store)
-        if upload is None:
-            kind, _, arg = spec.partition(":")
-            folder = Path(arg)
-            labelled = kind != "folder" or (folder.is_dir() and any(p.is_dir() for p in folder.iterdir()))
-            job = store.add(job_id=job_id, device=device, data=spec, source=spec, labelled=labelled, recipe=recipe,
-                            formats=formats, options=chosen, skipped=[])
-        else:
-            job_dir = root / job_id
-            try:
-                got = uploads.extract(upload.file, job_dir / "data", caps)
-            except uploads.UploadError as e:
-                shutil.rmtree(job_dir, ignore_errors=True)
-                raise HTTPException(422, str(e)) from None
-            name = Path(upload.filename or "upload.zip").name
-            job = store.add(job_id=job_id, device=device, data=f"folder:{got.root}",
-                            source=f"{name} ({got.files} files)", labelled=got.labelled, recipe=recipe,
-                            formats=formats, options=chosen, skipped=got.skipped)
-        if run_jobs:
-            runner.kick(device)
-        return public(job, root)
-
-    @app.get("/jobs", response_model=list[Job], dependencies=[Depends(auth)])
+    @app.get("/jobs", response_model=list[Job], dependencies=[authed])
     def list_jobs() -> list[dict]:
-        return [public(j, root) for j in store.list()]
+        return [public(j, svc.root) for j in svc.store.list()]
 
-    @app.get("/jobs/{job_id}", response_model=Job, dependencies=[Depends(auth)], responses={404: {}})
+    @app.get("/jobs/{job_id}", response_model=Job, dependencies=[authed], responses={404: {}})
     def job_status(job_id: str = job_id_param) -> dict:
-        return public(get_job(job_id), root)
+        return public(svc.job(job_id), svc.root)
 
-    @app.get("/jobs/{job_id}/events", dependencies=[Depends(auth)], response_class=StreamingResponse,
+    @app.get("/jobs/{job_id}/events", dependencies=[authed], response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}},
                               "description": "server-sent events: `job` with the job's JSON whenever it changes, "
                                              "until it has ended"}, 404: {}})
     async def job_events(request: Request, job_id: str = job_id_param) -> StreamingResponse:
-        get_job(job_id)
-
-        async def stream():
-            last, quiet = None, 0.0
-            while not await request.is_disconnected():
-                job = await run_in_threadpool(store.get, job_id)
-                if job is None:
-                    yield "event: deleted\ndata: {}\n\n"
-                    return
-                body = json.dumps(public(job, root))
-                if body != last:
-                    yield f"event: job\ndata: {body}\n\n"
-                    last, quiet = body, 0.0
-                elif quiet >= 15:
-                    yield ": still here\n\n"  # keeps proxies and idle timeouts from closing a quiet stream
-                    quiet = 0.0
-                if job["state"] in TERMINAL:
-                    return
-                await asyncio.sleep(poll_s)
-                quiet += poll_s
-
-        return StreamingResponse(stream(), media_type="text/event-stream",
+        svc.job(job_id)
+        return StreamingResponse(job_event_stream(svc, request, job_id), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    @app.post("/jobs/{job_id}/cancel", response_model=Job, dependencies=[Depends(auth)],
+    @app.post("/jobs/{job_id}/cancel", response_model=Job, dependencies=[authed],
               responses={404: {}, 409: {"description": "the job has already ended"}})
     def cancel(job_id: str = job_id_param) -> dict:
-        get_job(job_id)
-        if store.cancel(job_id) is None:
+        svc.job(job_id)
+        if svc.store.cancel(job_id) is None:
             raise HTTPException(409, f"job {job_id} has already ended")
-        return public(get_job(job_id), root)
+        return public(svc.job(job_id), svc.root)
 
-    @app.delete("/jobs/{job_id}", status_code=204, dependencies=[Depends(auth)],
+    @app.delete("/jobs/{job_id}", status_code=204, dependencies=[authed],
                 responses={404: {}, 409: {"description": "the job is running: cancel it first"}})
     def delete(job_id: str = job_id_param) -> Response:
-        get_job(job_id)
-        if not store.delete(job_id):
+        svc.job(job_id)
+        if not svc.store.delete(job_id):
             raise HTTPException(409, f"job {job_id} is running: cancel it first")
-        shutil.rmtree(root / job_id, ignore_errors=True)
+        shutil.rmtree(svc.root / job_id, ignore_errors=True)
         return Response(status_code=204)
 
-    @app.get("/jobs/{job_id}/artifacts/{name}", dependencies=[Depends(auth)], response_class=FileResponse,
+    @app.get("/jobs/{job_id}/artifacts/{name}", dependencies=[authed], response_class=FileResponse,
              responses={200: {"content": {"application/octet-stream": {}}}, 404: {}})
     def artifact(name: str, job_id: str = job_id_param) -> FileResponse:
-        job = get_job(job_id)
-        if name not in ARTIFACTS:
-            raise HTTPException(404, f"unknown artifact {name!r} (one of: {', '.join(ARTIFACTS)})")
-        path = artifact_path(root / job_id / RUN, name) if job["state"] in TERMINAL else None
-        if path is None:
-            raise HTTPException(404, f"job {job_id} has no {name} (state {job['state']})")
-        if path.is_dir():
-            path = _zip_once(path, root / job_id / "downloads" / f"{name}.zip")
-            return FileResponse(path, media_type="application/zip", filename=f"{name}.zip")
-        media = "text/html" if name.endswith(".html") else "application/octet-stream"
-        return FileResponse(path, media_type=media, filename=None if media == "text/html" else name)
+        return artifact_response(svc, svc.job(job_id), name)
 
-    return app
+
+async def receive_submission(svc: Service, request: Request) -> dict:
+    """The body read under the size cap (413 past it), then checked and queued off the event loop."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > svc.max_upload:
+        raise HTTPException(413, f"the upload is {int(length)} bytes, more than the limit of {svc.max_upload}")
+    try:
+        form = await Request(request.scope, _capped(request.receive, svc.max_upload)).form(max_files=1, max_fields=200)
+    except _BodyTooLarge:
+        raise HTTPException(413, f"the upload is more than the limit of {svc.max_upload} bytes") from None
+    try:
+        return await run_in_threadpool(accept_submission, svc, form)
+    finally:
+        await form.close()
+
+
+def _form_fields(svc: Service, form) -> tuple[dict, UploadFile | None, str | None, str | None, str]:
+    """(options, upload, data SPEC, recipe, formats) from the form, each checked; 422 naming the first fault."""
+    fields = {}
+    for key, value in form.multi_items():
+        if key in fields:
+            raise HTTPException(422, f"`{key}` is given twice")
+        fields[key] = value
+    upload = fields.pop("file", None)
+    if upload is not None and not isinstance(upload, UploadFile):
+        raise HTTPException(422, "`file` must be a file upload (a zip of images)")
+    if any(isinstance(v, UploadFile) for v in fields.values()):
+        raise HTTPException(422, "only `file` may be a file upload")
+    spec = fields.pop("data", "") or None
+    recipe = fields.pop("recipe", "") or None
+    formats = fields.pop("formats", "") or "all"
+    allowed = svc.allow_data
+    if (upload is None) == (spec is None):
+        raise HTTPException(422, f"give either `file` (a zip of images) or `data` (one of: {', '.join(allowed)})")
+    if spec is not None and spec not in allowed:
+        raise HTTPException(422, f"`data` {spec!r} is not allowed here (allowed: {', '.join(allowed)}); "
+                                 "upload a zip instead")
+    if recipe is not None and recipe not in recipes():
+        raise HTTPException(422, f"`recipe` {recipe!r} is unknown (known: {', '.join(recipes())})")
+    if formats not in svc.described["formats"]:
+        raise HTTPException(422, f"`formats` must be one of {', '.join(svc.described['formats'])}; got {formats!r}")
+    overrides = {k.replace("-", "_"): v for k, v in fields.items() if v != ""}
+    for key in overrides:
+        if key in SERVER_SET:
+            raise HTTPException(422, f"`{key}` is set by the server (upload a zip or pick `data`)")
+    return overrides, upload, spec, recipe, formats
+
+
+def accept_submission(svc: Service, form) -> dict:
+    """Check the whole submission, then give the job its folder (an upload is extracted there) and its row."""
+    overrides, upload, spec, recipe, formats = _form_fields(svc, form)
+    try:
+        cfg = load_config(svc.options_cls, RECIPES / f"{recipe}.yaml" if recipe else None, overrides)
+    except PipelineError as e:
+        raise HTTPException(422, str(e)) from None
+    common = dict(device=cfg.device if cfg.device != "auto" else svc.described["auto_device"], recipe=recipe,
+                  formats=formats, options={k: getattr(cfg, k) for k in overrides})
+    job_id = _new_job_id(svc.root, svc.store)
+    if upload is None:
+        kind, _, arg = spec.partition(":")
+        folder = Path(arg)
+        labelled = kind != "folder" or (folder.is_dir() and any(p.is_dir() for p in folder.iterdir()))
+        job = svc.store.add(job_id=job_id, data=spec, source=spec, labelled=labelled, skipped=[], **common)
+    else:
+        job_dir = svc.root / job_id
+        try:
+            got = uploads.extract(upload.file, job_dir / "data", svc.caps)
+        except uploads.UploadError as e:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            raise HTTPException(422, str(e)) from None
+        name = Path(upload.filename or "upload.zip").name
+        job = svc.store.add(job_id=job_id, data=f"folder:{got.root}", source=f"{name} ({got.files} files)",
+                            labelled=got.labelled, skipped=got.skipped, **common)
+    if svc.run_jobs:
+        svc.runner.kick(common["device"])
+    return public(job, svc.root)
+
+
+async def job_event_stream(svc: Service, request: Request, job_id: str):
+    """Server-sent events: the job's JSON whenever it changes, a comment every 15 quiet seconds, until it ends."""
+    last, quiet = None, 0.0
+    while not await request.is_disconnected():
+        job = await run_in_threadpool(svc.store.get, job_id)
+        if job is None:
+            yield "event: deleted\ndata: {}\n\n"
+            return
+        body = json.dumps(public(job, svc.root))
+        if body != last:
+            yield f"event: job\ndata: {body}\n\n"
+            last, quiet = body, 0.0
+        elif quiet >= 15:
+            yield ": still here\n\n"  # keeps proxies and idle timeouts from closing a quiet stream
+            quiet = 0.0
+        if job["state"] in TERMINAL:
+            return
+        await asyncio.sleep(svc.poll_s)
+        quiet += svc.poll_s
+
+
+def artifact_response(svc: Service, job: dict, name: str) -> FileResponse:
+    """A finished job's file (a folder such as the .mlpackage as a zip made once); 404 for anything else."""
+    if name not in ARTIFACTS:
+        raise HTTPException(404, f"unknown artifact {name!r} (one of: {', '.join(ARTIFACTS)})")
+    run = svc.root / job["id"] / RUN
+    path = artifact_path(run, name) if job["state"] in TERMINAL else None
+    if path is None:
+        raise HTTPException(404, f"job {job['id']} has no {name} (state {job['state']})")
+    if path.is_dir():
+        path = _zip_once(path, svc.root / job["id"] / "downloads" / f"{name}.zip")
+        return FileResponse(path, media_type="application/zip", filename=f"{name}.zip")
+    media = "text/html" if name.endswith(".html") else "application/octet-stream"
+    return FileResponse(path, media_type=media, filename=None if media == "text/html" else name)
 
 
 def _zip_once(folder: Path, out: Path) -> Path:
