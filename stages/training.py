@@ -1,8 +1,7 @@
 """The training step and what it stands on, shared by `pipeline pretrain` and `pipeline bench` (so the benchmark
 times the very step training runs): the model on its device (memory format, SyncBN, compile, CUDA graphs, gradient
-averaging over processes),
-optimizer, schedule and scaler; one optimisation step; where each step's batches come from; the RNG state a
-checkpoint keeps."""
+averaging over processes), optimizer, schedule and scaler; one optimisation step; where each step's batches come
+from; the RNG state a checkpoint keeps."""
 
 from __future__ import annotations
 
