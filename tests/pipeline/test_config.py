@@ -135,3 +135,34 @@ def test_as_flags_gives_back_the_options_it_was_made_from():
     assert as_flags({"on": True, "rate": -0.5}) == ["--on", "--rate=-0.5"]  # `=`: a negative value is not a flag
     assert CliRunner().invoke(cmd, as_flags({"on": True, "rate": -0.5})).exit_code == 0
     assert seen["on"] is True and seen["rate"] == -0.5
+
+
+@dataclass
+class Words:
+    two_words: int = opt(1, "a name with an underscore")
+
+
+def test_errors_name_the_file_or_the_flag_and_what_is_known(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("a: [1\n")
+    with pytest.raises(PipelineError) as e:
+        load_config(Cfg, f)
+    assert str(e.value) == f"config file {f} is not valid YAML: while parsing a flow sequence"  # the first line
+    f.write_text("zzz: 1\n")
+    with pytest.raises(PipelineError) as e:
+        load_config(Cfg, f)
+    assert str(e.value) == f"config file {f}: unknown key `zzz` (known: a, b, c, d)"
+    f.write_text("a: hello\n")
+    with pytest.raises(PipelineError) as e:
+        load_config(Cfg, f)
+    assert str(e.value) == f"{f}: `a` must be int, got 'hello'"
+    with pytest.raises(PipelineError) as e:
+        load_config(Words, None, {"two_words": "x"})
+    assert str(e.value) == "--two-words: `two_words` must be int, got 'x'"
+
+
+def test_yaml_keys_may_use_dashes_and_untyped_flags_are_skipped(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("two-words: 5\n")
+    assert load_config(Words, f).two_words == 5
+    assert load_config(Cfg, None, {"a": None, "b": 3}).b == 3.0  # a None (flag not typed) before it changes nothing
