@@ -52,9 +52,18 @@ def test_epoch_batches_cover_once_and_drop_last():
     assert augment.epoch_batches(10, 3, 0, 1) != batches
 
 
+@pytest.mark.parametrize("n,batch", [(5, 3), (6, 3), (11, 3), (12, 4), (3, 3), (2, 3)])
+def test_epoch_batches_are_full_and_distinct_whatever_the_remainder(n, batch):
+    batches = augment.epoch_batches(n, batch, seed=2, epoch=5)
+    flat = [i for b in batches for i in b]
+    assert len(batches) == n // batch and all(len(b) == batch for b in batches)
+    assert len(set(flat)) == len(flat) and set(flat) <= set(range(n))
+
+
 def test_blur_is_off_for_small_images_only():
     assert augment.recipes_for("simclr", 32)[0].blur_p == 0.0
     assert augment.recipes_for("simclr", 96)[0].blur_p == 0.5
+    assert augment.recipes_for("byol", 64)[0].blur_p == 0.0 and augment.recipes_for("byol", 65)[0].blur_p == 1.0  # "<= 64 px"
 
 
 @pytest.mark.parametrize("size,kernel", [(224, 23), (230, 23), (96, 9), (35, 3), (20, 3)])
