@@ -16,6 +16,7 @@ def _reference(images, p, out):
 
 @pytest.mark.parametrize("method,src,out", [
     ("simclr", 40, 32),   # downscaled crops, no blur (<= 64 px)
+    ("simclr", 96, 24),   # crops down to a quarter: filters 8 source pixels wide
     ("simclr", 100, 96),  # blur on half the views
     ("byol", 72, 96),     # upscaled crops, blur always on view 1, solarize on view 2
     ("mocov3", 64, 64),
@@ -96,6 +97,13 @@ def test_random_draws_have_the_cpu_paths_statistics():
     assert abs(a["contrast"] - b["contrast"]) < 0.02
     assert abs(a["grey"] - b["grey"]) < 0.05 and 0.1 < b["grey"] < 0.3  # gray_p = 0.2
     assert abs(a["left"] - b["left"]) < 0.02
+
+
+def test_draw_params_draws_each_view_from_its_own_recipe():
+    """BYOL's asymmetric views: view 1 always blurred and never solarized, view 2 solarized at 0.2."""
+    v1, v2 = device_augment.draw_params(400, augment.recipes_for("byol", 96), 100, seed=0, epoch=0, batch=0)
+    assert v1["blur"].all() and not v1["solarize"].any()
+    assert 0.05 < v2["blur"].float().mean() < 0.15 and 0.15 < v2["solarize"].float().mean() < 0.25
 
 
 def test_batches_are_a_pure_function_of_seed_epoch_batch_and_shards_add_up():
