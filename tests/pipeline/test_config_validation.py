@@ -62,3 +62,12 @@ def test_values_on_the_other_limits_are_accepted(tmp_path, over):
     cfg = config_for_run(None, over, tmp_path / "run", resume=False)
     for key, value in over.items():
         assert getattr(cfg, key) == value
+
+
+def test_queue_size_is_refused_for_other_methods_and_resume_without_a_checkpoint(tmp_path):
+    with pytest.raises(PipelineError) as e:
+        config_for_run(None, {"method": "byol", "queue_size": 8}, tmp_path / "run", resume=False)
+    assert str(e.value) == "queue_size is a MoCo v3 option; method is byol"
+    with pytest.raises(PipelineError) as e:
+        config_for_run(None, {}, tmp_path / "run", resume=True)
+    assert str(e.value) == f"--resume: no checkpoint at {tmp_path / 'run' / 'checkpoints' / 'last.pt'}"
