@@ -93,6 +93,9 @@ def _command_from_fields():
         rate: float | None = opt(None, "optional rate")
         mode: str = opt("x", "a choice", choices=("x", "y"))
         on: bool = opt(False, "a switch")
+        dry_run: bool = opt(False, "a switch named with two words")
+        two_words: int = opt(1, "a name with an underscore")
+        plain: int = 2  # a field without a reason
         hidden: int = opt(0, "set in the YAML file only")
 
     seen = {}
@@ -108,31 +111,37 @@ def _command_from_fields():
 
 def test_flags_are_made_from_the_fields():
     Local, cmd, seen = _command_from_fields()
-    assert Local() == Local(count=3, rate=None, mode="x", on=False, hidden=0)
+    assert Local() == Local(count=3, rate=None, mode="x", on=False, dry_run=False, two_words=1, plain=2, hidden=0)
     run = CliRunner().invoke
-    assert run(cmd, ["--count", "5", "--rate", "0.5", "--mode", "y", "--on"]).exit_code == 0
-    assert seen == {"count": 5, "rate": 0.5, "mode": "y", "on": True}
-    assert run(cmd, ["--no-on"]).exit_code == 0
-    assert seen == {"count": None, "rate": None, "mode": None, "on": False}  # untyped flags do not override
+    untyped = dict.fromkeys(["count", "rate", "mode", "on", "dry_run", "two_words", "plain"])
+    assert run(cmd, []).exit_code == 0
+    assert seen == untyped  # None, switches included: a flag not typed does not override the YAML value
+    assert run(cmd, ["--count", "5", "--rate", "0.5", "--mode", "y", "--on", "--dry-run", "--two-words", "4"]).exit_code == 0
+    assert seen == {**untyped, "count": 5, "rate": 0.5, "mode": "y", "on": True, "dry_run": True, "two_words": 4}
+    assert run(cmd, ["--no-on", "--no-dry-run"]).exit_code == 0
+    assert seen == {**untyped, "on": False, "dry_run": False}
     assert load_config(Local, None, seen) == Local(on=False)
     assert run(cmd, ["--mode", "z"]).exit_code == 2  # the field's choices
     assert run(cmd, ["--count", "many"]).exit_code == 2  # the field's type
     assert run(cmd, ["--hidden", "1"]).exit_code == 2  # skipped
     text = " ".join(run(cmd, ["--help"]).output.split())
     for line in ("--count INTEGER how many [default: 3]", "--rate FLOAT optional rate [default: None]",
-                 "--mode [x|y] a choice [default: x]", "--on / --no-on a switch [default: False]"):
+                 "--mode [x|y] a choice [default: x]", "--on / --no-on a switch [default: False]",
+                 "--dry-run / --no-dry-run a switch named with two words", "--two-words INTEGER a name with an underscore",
+                 "--plain INTEGER [default: 2]"):
         assert line in text, text
     assert text.index("--count") < text.index("--rate") < text.index("--mode") < text.index("--on")  # field order
 
 
 def test_as_flags_gives_back_the_options_it_was_made_from():
     _, cmd, seen = _command_from_fields()
-    options = {"count": 5, "rate": None, "mode": "y", "on": False}
+    options = {"count": 5, "rate": None, "mode": "y", "on": False, "dry_run": None, "two_words": None, "plain": None}
     flags = as_flags(options)
     assert flags == ["--count=5", "--mode=y", "--no-on"]
     assert CliRunner().invoke(cmd, flags).exit_code == 0
     assert seen == options
     assert as_flags({"on": True, "rate": -0.5}) == ["--on", "--rate=-0.5"]  # `=`: a negative value is not a flag
+    assert as_flags({"two_words": 3, "dry_run": True}) == ["--two-words=3", "--dry-run"]
     assert CliRunner().invoke(cmd, as_flags({"on": True, "rate": -0.5})).exit_code == 0
     assert seen["on"] is True and seen["rate"] == -0.5
 
