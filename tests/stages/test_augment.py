@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 import torch
+import torchvision.transforms.v2.functional as TF
 
 from stages import augment
 
@@ -227,3 +228,24 @@ def test_dataset_draws_the_same_rows_for_uint8_and_float_backends():
             assert a.dtype == b.dtype == torch.uint8 and a.shape == b.shape == (3, 36, 36)
             d = a.float() - b.float()
             assert d.abs().mean() < 0.6 and d.abs().max() <= 16
+
+
+MEAN, STD = torch.tensor(augment.MEAN).view(1, 3, 1, 1), torch.tensor(augment.STD).view(1, 3, 1, 1)
+
+
+def test_normalize_reads_uint8_as_levels_and_float_as_0_to_1():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (2, 3, 5, 5), dtype=torch.uint8, generator=g)
+    got = augment.normalize(x, torch.device("cpu"))
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    torch.testing.assert_close(got, (x.float() / 255 - MEAN) / STD)
+    torch.testing.assert_close(augment.normalize(x.double() / 255, torch.device("cpu")), (x.float() / 255 - MEAN) / STD)
+
+
+def test_center_views_crop_the_centre_or_resize_a_smaller_store():
+    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8)
+    assert torch.equal(augment.center_views(x, 4), x[..., 2:6, 2:6])
+    assert torch.equal(augment.center_views(x, 8), x)
+    up = augment.center_views(x, 12)
+    assert up.shape == (2, 3, 12, 12)
+    torch.testing.assert_close(up, TF.resize(x, [12, 12], antialias=True))

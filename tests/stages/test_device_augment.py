@@ -185,3 +185,16 @@ def test_ahead_raises_the_workers_error_and_stops_when_closed_early():
     gen.close()  # joins the worker
     time.sleep(0.05)
     assert len(made) <= 5 and not any(t.name == "device-augment" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_normalize_is_the_imagenet_standardisation_in_the_asked_layout(channels_last):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 3, 5, 6, generator=g).half()
+    got = device_augment.normalize(x, channels_last)
+    mean, std = torch.tensor(augment.MEAN).view(1, 3, 1, 1), torch.tensor(augment.STD).view(1, 3, 1, 1)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    torch.testing.assert_close(got, (x.float() - mean) / std)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    assert got.is_contiguous(memory_format=layout)
+    assert channels_last != got.is_contiguous()  # the other layout is not what came out
