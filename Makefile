@@ -77,7 +77,8 @@ MUTANTS ?= stages.knn.x_[kwt]* stages.knn.x_majority* export.parity.* stages.val
            stages.methods.* export.encoder.* stages.pretrain.x_validate* stages.pretrain.x_config_for_run* \
            stages.pretrain.x_resolve* pipeline.config.* stages.augment.x_sample_* stages.augment.x_apply_view* \
            stages.augment.x_uint8_view* stages.augment.x_recipes_for* stages.augment.x_blur_kernel_size* \
-           stages.augment.x_view_seed* stages.augment.x_epoch_batches* stages.device_augment.x__plan* \
+           stages.augment.x_view_seed* stages.augment.x_epoch_batches* stages.augment.x_normalize* \
+           stages.augment.x_center_views* stages.device_augment.x_normalize* stages.device_augment.x__plan* \
            stages.device_augment.x_apply_views* stages.device_augment.x_resize_matrices* \
            stages.device_augment.x_blur_matrices* stages.device_augment.x_shift_hue* stages.device_augment.x__grey* \
            stages.device_augment.x_colour* stages.device_augment.x_batch_seed* stages.device_augment.x_draw_params*
