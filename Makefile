@@ -73,9 +73,16 @@ browser:
 
 # Mutation testing of the critical modules (README "Tests"), not part of `make test`: mutmut mutates one function at a
 # time and runs the tests that reach it. Narrow it with e.g. `make mutation MUTANTS='stages.knn.*'`.
+# augment / device_augment: the parameter draws and the view ops only (README says why).
 MUTANTS ?= stages.knn.x_[kwt]* stages.knn.x_majority* export.parity.* stages.validate.x_gate* stages.validate.x_check* stages.linear_eval.x_probes* \
            stages.methods.* export.encoder.* stages.runspec.x_validate* stages.runspec.x_config_for_run* \
-           stages.runspec.x_resolve* pipeline.config.* stages.augment.* stages.device_augment.*
+           stages.runspec.x_resolve* pipeline.config.* stages.augment.x_sample_* stages.augment.x_apply_view* \
+           stages.augment.x_uint8_view* stages.augment.x_recipes_for* stages.views.x_blur_kernel_size* \
+           stages.augment.x_view_seed* stages.augment.x_epoch_batches* stages.augment.x_normalize* \
+           stages.augment.x_center_views* stages.device_augment.x_normalize* stages.device_augment.x__plan* \
+           stages.device_augment.x_apply_views* stages.device_augment.x_resize_matrices* \
+           stages.device_augment.x_blur_matrices* stages.device_augment.x_shift_hue* stages.device_augment.x__grey* \
+           stages.device_augment.x_colour* stages.device_augment.x_batch_seed* stages.device_augment.x_draw_params*
 mutation: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,mutation]' 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/mutmut run $(foreach m,$(MUTANTS),'$(m)')

@@ -39,3 +39,35 @@ def test_values_on_the_bounds_are_accepted(tmp_path, over):
     cfg = config_for_run(None, over, tmp_path / "run", resume=False)
     for key, value in over.items():
         assert getattr(cfg, key) == value
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"image_size": 1025}, "image size 1025 is impossible for resnet18 with the ImageNet stem: use 32..1024"),
+    ({"image_size": 16, "small_stem": "off"}, "image size 16 is impossible for resnet18 with the ImageNet stem: use 32..1024"),
+    ({"image_size": 7, "small_stem": "on"}, "image size 7 is impossible for resnet18 with the small stem: use 8..1024"),
+    ({"store_size": 48, "image_size": 64}, "store_size 48 is smaller than image_size 64"),
+    ({"lars_eta": 0.0}, "lars_eta must be > 0, got 0.0"),
+    ({"checkpoint_every_s": -0.5}, "checkpoint_every_s must be >= 0 (0 = every epoch), got -0.5"),
+])
+def test_values_past_the_other_limits_name_the_limit(tmp_path, over, message):
+    with pytest.raises(PipelineError) as e:
+        config_for_run(None, {"backbone": "resnet18", **over}, tmp_path / "run", resume=False)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("over", [{"image_size": 1024}, {"image_size": 8, "small_stem": "on"}, {"batch_size": 2},
+                                  {"epochs": 1}, {"store_size": 64, "image_size": 64}, {"lars_eta": 1e-9},
+                                  {"checkpoint_every_s": 0.0}, {"checkpoint_every_s": 0.5}])
+def test_values_on_the_other_limits_are_accepted(tmp_path, over):
+    cfg = config_for_run(None, over, tmp_path / "run", resume=False)
+    for key, value in over.items():
+        assert getattr(cfg, key) == value
+
+
+def test_queue_size_is_refused_for_other_methods_and_resume_without_a_checkpoint(tmp_path):
+    with pytest.raises(PipelineError) as e:
+        config_for_run(None, {"method": "byol", "queue_size": 8}, tmp_path / "run", resume=False)
+    assert str(e.value) == "queue_size is a MoCo v3 option; method is byol"
+    with pytest.raises(PipelineError) as e:
+        config_for_run(None, {}, tmp_path / "run", resume=True)
+    assert str(e.value) == f"--resume: no checkpoint at {tmp_path / 'run' / 'checkpoints' / 'last.pt'}"

@@ -1,5 +1,7 @@
 import numpy as np
+import pytest
 import torch
+import torchvision.transforms.v2.functional as TF
 
 from stages import augment
 
@@ -36,6 +38,14 @@ def test_identity_params_give_the_image_back():
     torch.testing.assert_close(out, img.float() / 255)
 
 
+def test_views_stay_within_0_and_1():
+    """The antialiased resize of a white image overshoots 1 by float rounding (1 + 3.6e-7 for this crop): the
+    view is clamped to the [0, 1] it promises."""
+    img = torch.full((3, 40, 40), 255, dtype=torch.uint8)
+    p = {"crop": torch.tensor([[0, 0, 40, 33]]), **{k: torch.tensor([False]) for k in ("flip", "jitter", "gray", "blur", "solarize")}}
+    assert augment.apply_view(img, p, 0, 7).max() == 1.0
+
+
 def test_epoch_batches_cover_once_and_drop_last():
     batches = augment.epoch_batches(10, 3, seed=0, epoch=0)
     flat = [i for b in batches for i in b]
@@ -43,17 +53,52 @@ def test_epoch_batches_cover_once_and_drop_last():
     assert augment.epoch_batches(10, 3, 0, 1) != batches
 
 
+@pytest.mark.parametrize("n,batch", [(5, 3), (6, 3), (11, 3), (12, 4), (3, 3), (2, 3)])
+def test_epoch_batches_are_full_and_distinct_whatever_the_remainder(n, batch):
+    batches = augment.epoch_batches(n, batch, seed=2, epoch=5)
+    flat = [i for b in batches for i in b]
+    assert len(batches) == n // batch and all(len(b) == batch for b in batches)
+    assert len(set(flat)) == len(flat) and set(flat) <= set(range(n))
+
+
 def test_blur_is_off_for_small_images_only():
     assert augment.recipes_for("simclr", 32)[0].blur_p == 0.0
     assert augment.recipes_for("simclr", 96)[0].blur_p == 0.5
-    assert augment.blur_kernel_size(224) == 23
+    assert augment.recipes_for("byol", 64)[0].blur_p == 0.0 and augment.recipes_for("byol", 65)[0].blur_p == 1.0  # "<= 64 px"
+
+
+@pytest.mark.parametrize("size,kernel", [(224, 23), (230, 23), (96, 9), (35, 3), (20, 3)])
+def test_blur_kernel_is_a_tenth_of_the_side_made_odd(size, kernel):
+    assert augment.blur_kernel_size(size) == kernel
+
+
+class Constant:
+    """A generator stub whose every draw is `value`: PCG64 draws exactly 0.0 or 0.5 once in 2**53 draws."""
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def random(self, shape):
+        return np.full(shape, self.value)
+
+
+SWITCHES = ("flip", "jitter", "gray", "blur", "solarize")
+
+
+@pytest.mark.parametrize("p,draw,on", [(0.0, 0.0, False), (0.5, 0.5, False), (0.5, 0.4999, True), (1.0, 0.9999, True)])
+def test_an_op_of_probability_p_happens_on_draws_below_p_only(p, draw, on):
+    """u < p for u uniform on [0, 1) happens with probability p: an op of probability 0 never happens, even on a draw
+    of exactly 0, and one of 0.5 not on a draw of exactly 0.5. Both samplers."""
+    recipe = augment.ViewRecipe(**{f"{k}_p": p for k in SWITCHES})
+    row = augment.sample_row(recipe, 16, Constant(draw))
+    params = augment.sample_params(1, recipe, 16, Constant(draw))
+    assert [row[k] for k in SWITCHES] == [params[k].item() for k in SWITCHES] == [on] * 5
 
 
 # ---- issue 17: the uint8 training path (augment.uint8_view, preprocess.PilPreprocess) against the float reference
 
 import itertools  # noqa: E402
 
-import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from stages import preprocess  # noqa: E402
@@ -73,10 +118,13 @@ def _levels(im: Image.Image) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("recipe,src", [(augment.ViewRecipe(), 40), (augment.RECIPES["simclr"][0], 256),
-                                        (augment.RECIPES["byol"][1], 9), (augment.ViewRecipe(crop_scale=(0.9, 1)), 3)])
+                                        (augment.RECIPES["byol"][1], 9), (augment.ViewRecipe(crop_scale=(0.9, 1)), 3),
+                                        (augment.ViewRecipe(crop_scale=(0.7, 1), crop_ratio=(0.1, 10)), 8),
+                                        (augment.ViewRecipe(crop_scale=(0.01, 0.2), crop_ratio=(0.2, 5)), 3)])
 def test_sample_row_draws_what_sample_params_draws(recipe, src):
     """The per-image path's scalar draws are sample_params' one-row draws, number for number (tiny sources
-    exercise the crop's fallback to the whole image)."""
+    exercise the crop's fallback to the whole image; extreme aspect ratios make every one of the ten tries fail
+    for some seeds, and tiny scales make tries of width or height 0 and 1)."""
     for seed in range(300):
         row = augment.sample_row(recipe, src, np.random.default_rng(seed))
         p = augment.sample_params(1, recipe, src, np.random.default_rng(seed))
@@ -180,3 +228,24 @@ def test_dataset_draws_the_same_rows_for_uint8_and_float_backends():
             assert a.dtype == b.dtype == torch.uint8 and a.shape == b.shape == (3, 36, 36)
             d = a.float() - b.float()
             assert d.abs().mean() < 0.6 and d.abs().max() <= 16
+
+
+MEAN, STD = torch.tensor(augment.MEAN).view(1, 3, 1, 1), torch.tensor(augment.STD).view(1, 3, 1, 1)
+
+
+def test_normalize_reads_uint8_as_levels_and_float_as_0_to_1():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (2, 3, 5, 5), dtype=torch.uint8, generator=g)
+    got = augment.normalize(x, torch.device("cpu"))
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    torch.testing.assert_close(got, (x.float() / 255 - MEAN) / STD)
+    torch.testing.assert_close(augment.normalize(x.double() / 255, torch.device("cpu")), (x.float() / 255 - MEAN) / STD)
+
+
+def test_center_views_crop_the_centre_or_resize_a_smaller_store():
+    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8)
+    assert torch.equal(augment.center_views(x, 4), x[..., 2:6, 2:6])
+    assert torch.equal(augment.center_views(x, 8), x)
+    up = augment.center_views(x, 12)
+    assert up.shape == (2, 3, 12, 12)
+    torch.testing.assert_close(up, TF.resize(x, [12, 12], antialias=True))

@@ -17,6 +17,7 @@ def _reference(images, p, out):
 
 @pytest.mark.parametrize("method,src,out", [
     ("simclr", 40, 32),   # downscaled crops, no blur (<= 64 px)
+    ("simclr", 96, 24),   # crops down to a quarter: filters 8 source pixels wide
     ("simclr", 100, 96),  # blur on half the views
     ("byol", 72, 96),     # upscaled crops, blur always on view 1, solarize on view 2
     ("mocov3", 64, 64),
@@ -99,6 +100,13 @@ def test_random_draws_have_the_cpu_paths_statistics():
     assert abs(a["left"] - b["left"]) < 0.02
 
 
+def test_draw_params_draws_each_view_from_its_own_recipe():
+    """BYOL's asymmetric views: view 1 always blurred and never solarized, view 2 solarized at 0.2."""
+    v1, v2 = device_augment.draw_params(400, augment.recipes_for("byol", 96), 100, seed=0, epoch=0, batch=0)
+    assert v1["blur"].all() and not v1["solarize"].any()
+    assert 0.05 < v2["blur"].float().mean() < 0.15 and 0.15 < v2["solarize"].float().mean() < 0.25
+
+
 def test_batches_are_a_pure_function_of_seed_epoch_batch_and_shards_add_up():
     images = make_synthetic(64, 20, seed=0).images
     recipes = augment.recipes_for("byol", 16)
@@ -176,3 +184,16 @@ def test_ahead_raises_the_workers_error_and_stops_when_closed_early():
     gen.close()  # joins the worker
     time.sleep(0.05)
     assert len(made) <= 5 and not any(t.name == "device-augment" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_normalize_is_the_imagenet_standardisation_in_the_asked_layout(channels_last):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 3, 5, 6, generator=g).half()
+    got = device_augment.normalize(x, channels_last)
+    mean, std = torch.tensor(augment.MEAN).view(1, 3, 1, 1), torch.tensor(augment.STD).view(1, 3, 1, 1)
+    assert got.dtype == torch.float32 and got.shape == x.shape
+    torch.testing.assert_close(got, (x.float() - mean) / std)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    assert got.is_contiguous(memory_format=layout)
+    assert channels_last != got.is_contiguous()  # the other layout is not what came out

@@ -103,3 +103,32 @@ def test_no_queries_give_an_empty_score_table():
     for t in (0.1, None):
         scores = knn.knn_scores(bank, torch.from_numpy(labels), torch.zeros(0, DIM), 3, 200, t)
         assert scores.shape == (0, 3) and scores.dtype == torch.float32
+
+
+def test_probes_weighted_knn_is_scored_top1_not_top2():
+    """Query A labelled 0: the weighted vote's best is class 2 and its second class 0, so top-1 misses (a top-2
+    score would hit); the majority vote's best is class 1 (17 of 20)."""
+    bank, labels, queries, _ = bank_and_queries()
+    res = linear_eval.probes(bank, labels, queries[:1], np.array([0]), 3, load_config(linear_eval.EvalConfig), seed=0)
+    assert res["knn_top1"] == 0.0 and res["knn_majority_top1"] == 0.0
+    weighted = knn.knn_scores(bank, torch.from_numpy(labels), queries[:1], 3, 200, 0.1)
+    assert knn.topk_accuracy(weighted, torch.tensor([0]), 2) == 1.0
+
+
+def test_probes_linear_part_is_the_probe_with_the_configured_holdout_and_seed():
+    """probes reports linear_probe's top-1, top-5 and C selection for the config's held-out fraction and the given
+    seed; two seeds select on different held-out parts, so a seed not passed on would show."""
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(6, 8, generator=g)
+    train_y, val_y = np.repeat(np.arange(6), 12), np.repeat(np.arange(6), 3)  # 12 per class: a held-out part
+    train_x = centres[train_y] + 1.5 * torch.randn(len(train_y), 8, generator=g)
+    val_x = centres[val_y] + 1.5 * torch.randn(len(val_y), 8, generator=g)
+    cfg = load_config(linear_eval.EvalConfig, overrides={"holdout_fraction": 0.25})
+    selections = []
+    for seed in (0, 1):
+        res = linear_eval.probes(train_x, train_y, val_x, val_y, 6, cfg, seed)
+        want = linear_eval.linear_probe(train_x.double().numpy(), train_y, val_x.double().numpy(), val_y, 6, 0.25, seed)
+        assert (res["top1"], res["top5"], res["selection"]) == (want["top1"], want["top5"], want["selection"])
+        assert res["selection"]["method"] == "holdout" and res["selection"]["holdout_size"] == 6 * 3
+        selections.append(res["selection"]["holdout_top1_by_c"])
+    assert selections[0] != selections[1]

@@ -196,3 +196,119 @@ def test_heads_are_the_papers_mlps():
                                        (bn, None, True), (relu, None, None), (lin, 16, None), (bn, None, False)]
     assert _layers(moco.predictor) == [(lin, 32, None), (bn, None, True), (relu, None, None), (lin, 16, None), (bn, None, False)]
     assert all(m.bias is None for m in moco.projector if isinstance(m, torch.nn.Linear))
+
+
+# --- one rank of several, emulated in one process: rank(), world_size() and the all-gather replaced by what
+# torch.distributed would return, so the per-rank arithmetic (each rank's own columns, its positives' offset) is
+# checked against the one-process loss of the global batch without starting processes.
+
+def _as_rank(monkeypatch, rank: int, world: int, gathered: list[torch.Tensor]):
+    """This process plays `rank` of `world`; the i-th all-gather returns gathered[i] with this rank's rows replaced
+    by the tensor actually passed (so gradients still reach it)."""
+    from stages import distributed
+
+    calls = iter(gathered)
+
+    def gather(x):
+        whole = next(calls)
+        n = x.shape[0]
+        return torch.cat([whole[: rank * n], x, whole[(rank + 1) * n:]])
+
+    monkeypatch.setattr(distributed, "rank", lambda: rank)
+    monkeypatch.setattr(distributed, "world_size", lambda: world)
+    monkeypatch.setattr(distributed, "gather_with_grad", gather)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_nt_xent_mean_over_ranks_is_the_global_batch_loss(monkeypatch, world):
+    n, d, t = 3, 8, 0.5
+    g = torch.Generator().manual_seed(world)
+    z1, z2 = torch.randn(world * n, d, generator=g), torch.randn(world * n, d, generator=g)
+    whole = [F.normalize(z1, dim=1), F.normalize(z2, dim=1)]  # nt_xent gathers its normalised rows
+    losses = []
+    with monkeypatch.context() as m:
+        for r in range(world):
+            _as_rank(m, r, world, whole)
+            rows = slice(r * n, (r + 1) * n)
+            losses.append(nt_xent(z1[rows], z2[rows], t))
+    assert torch.stack(losses).mean().item() == pytest.approx(naive_nt_xent(z1, z2, t), rel=1e-5)
+
+
+def test_info_nce_first_positive_picks_this_ranks_keys():
+    """Rank r's queries against every rank's keys, positives from row r * n: the ranks' mean is the global loss."""
+    n, d, t, world = 3, 8, 0.2, 3
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(world * n, d, generator=g), torch.randn(world * n, d, generator=g)
+    per_rank = [info_nce(q[r * n:(r + 1) * n], k, t, first_positive=r * n) for r in range(world)]
+    assert torch.stack(per_rank).mean().item() == pytest.approx(naive_info_nce(q, k, t), rel=1e-5)
+
+
+def _mocov3_parts(model, x1, x2):
+    """The forward's queries and (un-gathered) keys, recomputed from the modules."""
+    h = model.backbone(torch.cat([x1, x2]))
+    q1, q2 = model.predictor(model.projector(h)).chunk(2)
+    with torch.no_grad():
+        k1, k2 = model.momentum_projector(model.momentum_backbone(torch.cat([x1, x2]))).chunk(2)
+    return q1, q2, k1, k2
+
+
+def test_mocov3_forward_on_rank_1_scores_against_every_ranks_keys(monkeypatch):
+    model, (x1, x2) = _tiny_method("mocov3")
+    other_k1, other_k2 = torch.randn(4, 16), torch.randn(4, 16)  # rank 0's keys
+    with monkeypatch.context() as m:
+        _as_rank(m, 1, 2, [torch.cat([other_k1, torch.zeros(4, 16)]), torch.cat([other_k2, torch.zeros(4, 16)])])
+        loss = model(x1, x2, FP32)
+    q1, q2, k1, k2 = _mocov3_parts(model, x1, x2)
+    t = model.temperature
+    expected = (info_nce(q1, torch.cat([other_k2, k2]), t, None, 4)
+                + info_nce(q2, torch.cat([other_k1, k1]), t, None, 4))
+    torch.testing.assert_close(loss, expected)
+
+
+@pytest.mark.parametrize("size", [1, 16])
+def test_mocov3_queue_adds_past_keys_as_negatives_and_takes_this_steps_keys(size):
+    model, (x1, x2) = _tiny_method("mocov3", queue_size=size)
+    model.queue.push(torch.randn(5, 16))
+    queued = model.queue.keys().clone()
+    assert queued.shape == (min(5, size), 16)
+    loss = model(x1, x2, FP32)
+    q1, q2, k1, k2 = _mocov3_parts(model, x1, x2)
+    t = model.temperature
+    torch.testing.assert_close(loss, info_nce(q1, k2, t, queued) + info_nce(q2, k1, t, queued))
+    assert not torch.allclose(loss, info_nce(q1, k2, t) + info_nce(q2, k1, t))  # the queue did change the loss
+    # the queue then holds the newest `size` of: the old keys, then this step's (both views, normalised)
+    torch.testing.assert_close(model.queue.keys(), torch.cat([queued, F.normalize(torch.cat([k1, k2]), dim=1)])[-size:])
+    model.eval()
+    before = model.queue.keys().clone()
+    model(x1, x2, FP32)
+    torch.testing.assert_close(model.queue.keys(), before)  # evaluation never pushes
+
+
+def test_key_queue_keys_are_the_filled_rows_until_full_then_every_row():
+    q = KeyQueue(size=5, dim=2)
+    assert q.keys().shape == (0, 2)
+    q.push(torch.tensor([[1.0, 0.0], [0.0, 2.0]]))
+    torch.testing.assert_close(q.keys(), torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    q.push(torch.ones(3, 2))
+    assert q.keys().shape == (5, 2)
+    # Full: a ring stays full, so the count (a device-to-host read on a GPU) is not read again.
+    q.filled.zero_()
+    assert q.keys().shape == (5, 2)
+
+
+def test_key_queue_loaded_state_decides_the_filled_rows_again():
+    full, partial = KeyQueue(size=4, dim=2), KeyQueue(size=4, dim=2)
+    full.push(torch.ones(4, 2))
+    assert full.keys().shape == (4, 2)
+    partial.push(torch.tensor([[3.0, 4.0]]))
+    full.load_state_dict(partial.state_dict())
+    torch.testing.assert_close(full.keys(), torch.tensor([[0.6, 0.8]]))
+
+
+def test_key_queue_counts_exactly_past_float32_integers():
+    """2**24 + 1 keys: a count kept in float32 would stop at 2**24 (float32's last exact integer run)."""
+    size = 2 ** 24 + 1
+    q = KeyQueue(size=size, dim=1)
+    q.push(torch.ones(size - 1, 1))
+    q.push(torch.ones(1, 1))
+    assert q.keys().shape == (size, 1)
