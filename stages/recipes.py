@@ -56,8 +56,9 @@ def values(name: str, method: str) -> dict:
 
 
 def crop_min_scale(name: str, method: str) -> float:
-    """The smallest crop area share of the recipe's views (both views share it)."""
-    return views_for(name, method, 32)[0].crop_scale[0]
+    """The smallest crop area share of the recipe's views: its own change, else the paper's first view's (both
+    views of every method crop alike)."""
+    return RECIPES[name][method].views.get("crop_scale", METHODS[method].views[0].crop_scale)[0]
 
 
 def views_for(name: str, method: str, image_size: int,

@@ -79,7 +79,7 @@ def _one_step(method, rank=None):
         x1, x2 = x1[rank * 4:(rank + 1) * 4], x2[rank * 4:(rank + 1) * 4]
     loss = training.train_step(t, x1, x2, 0)
     views_of_buffer = t.grads is not None and all(
-        t.grads.data_ptr() <= p.grad.data_ptr() < t.grads.data_ptr() + t.grads.numel() * 4
+        t.grads.data_ptr() <= p.grad.data_ptr() < t.grads.data_ptr() + t.grads.numel() * t.grads.element_size()
         for p in t.model.parameters() if p.requires_grad)
     return loss.item(), {k: v.clone() for k, v in t.model.state_dict().items()}, views_of_buffer
 
