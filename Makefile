@@ -74,7 +74,7 @@ browser:
 # Mutation testing of the critical modules (README "Tests"), not part of `make test`: mutmut mutates one function at a
 # time and runs the tests that reach it. Narrow it with e.g. `make mutation MUTANTS='stages.knn.*'`.
 # augment / device_augment: the parameter draws and the view ops only (README says why).
-MUTANTS ?= stages.knn.x_[kwt]* stages.knn.x_majority* export.parity.* stages.validate.x_gate* stages.validate.x_check* stages.linear_eval.x_probes* \
+MUTANTS ?= stages.knn.x_[kwt]* stages.knn.x_majority* export.parity.* stages.validate.x_gate* stages.validate.x_check__* stages.linear_eval.x_probes* \
            stages.methods.* export.encoder.* stages.runspec.x_validate* stages.runspec.x_config_for_run* \
            stages.runspec.x_resolve* pipeline.config.* stages.augment.x_sample_* stages.augment.x_apply_view* \
            stages.augment.x_uint8_view* stages.augment.x_recipes_for* stages.views.x_blur_kernel_size* \

@@ -6,6 +6,7 @@ This is the module every export format is made from and the fp32 reference every
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -49,7 +50,12 @@ def load_encoder(path: Path | str, l2_normalize: bool | None = None) -> tuple[En
     if not path.is_file():
         raise PipelineError(f"no stripped encoder at {path}: run `pipeline strip` first")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        # tensors and plain values only: an encoder.pt is a file users pass around, and unpickling arbitrary
+        # objects from one could run code
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise PipelineError(f"{path} holds Python objects other than tensors and plain values; refused, since "
+                            "loading them could run code: re-run `pipeline strip`") from None
     except Exception as e:
         raise PipelineError(f"{path} is unreadable or truncated ({type(e).__name__}): re-run `pipeline strip`") from None
     if not isinstance(state, dict) or "state_dict" not in state or "backbone" not in state:

@@ -6,6 +6,8 @@ validate proves each artifact equals encoder.pt and test_strip compares `encoder
 what encoder.pt does to pixels before its backbone.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -121,6 +123,10 @@ def test_load_encoder_bad_files_are_one_line_errors(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "other.pt")
     with pytest.raises(PipelineError, match="other.pt is not an encoder written by `pipeline strip`"):
         load_encoder(tmp_path / "other.pt")
+    torch.save({"backbone": "resnet18", "state_dict": {}, "extra": Path("/etc")}, tmp_path / "pickled.pt")
+    with pytest.raises(PipelineError, match="pickled.pt holds Python objects other than tensors and plain values; "
+                                            "refused, since loading them could run code"):
+        load_encoder(tmp_path / "pickled.pt")
     torch.save([1, 2], tmp_path / "list.pt")
     with pytest.raises(PipelineError, match="list.pt is not an encoder written by `pipeline strip`"):
         load_encoder(tmp_path / "list.pt")
