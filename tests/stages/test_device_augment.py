@@ -197,3 +197,15 @@ def test_normalize_is_the_imagenet_standardisation_in_the_asked_layout(channels_
     layout = torch.channels_last if channels_last else torch.contiguous_format
     assert got.is_contiguous(memory_format=layout)
     assert channels_last != got.is_contiguous()  # the other layout is not what came out
+
+
+def test_colour_clamps_its_input_before_any_blend():
+    """The resize before jitter overshoots [0, 1] by float rounding (and a caller could pass more): colour() clamps
+    first, so a blend that scales or averages pixels never carries the overshoot into the view."""
+    x = torch.rand(2, 3, 4, 4)
+    x[0, 0, 0, 0], x[1, 2, 1, 1] = 1.5, -0.5
+    ones, zeros = torch.ones(2, 6), torch.zeros(2, 6)
+    a, con = ones.clone(), zeros.clone()
+    a[:, 0], con[:, 0] = 0.5, 0.5  # slot 0 darkens and pulls towards the mean: both see an out-of-range pixel
+    args = (a, zeros, con, torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(2, 1))
+    torch.testing.assert_close(device_augment.colour(x, *args), device_augment.colour(x.clamp(0, 1), *args))
