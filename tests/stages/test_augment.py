@@ -64,7 +64,8 @@ def test_a_seed_draws_what_it_drew_in_earlier_versions():
 
     seeds = ((0, 0, 0), (3, 2, 5), (2**40, 7, 11), (2**41, 7, 11))
     assert [augment.view_seed(*a) for a in seeds] == [0, 30000167000214, 6795501928725618192, 4367631820526460432]
-    assert [device_augment.batch_seed(*a) for a in seeds] == [1, 60000334000429, 4367631820596460577, 8735263641052920865]
+    assert [device_augment.batch_seed(*a) for a in seeds] == [
+        1, 60000334000429, 4367631820596460577, 8735263641052920865]
     # the generator's seed is pinned through the order it draws (torch's randperm for a given seed is stable)
     assert augment.epoch_batches(10, 3, seed=3, epoch=2) == [[6, 1, 3], [4, 9, 0], [8, 7, 5]]
     assert augment.epoch_batches(10, 3, seed=2**40, epoch=7) == [[5, 0, 3], [4, 1, 7], [9, 6, 8]]

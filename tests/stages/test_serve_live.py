@@ -233,9 +233,9 @@ def test_the_page_uploads_shows_progress_and_downloads(live, tmp_path):
                                            "download.prompt_for_download": False})
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=opts, service=webdriver.ChromeService(executable_path=driver_bin))
-    # headless Chrome honours the download folder reliably only when told through DevTools
-    driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
     try:
+        # headless Chrome honours the download folder reliably only when told through DevTools
+        driver.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
         photos = tmp_path / "photos.zip"
         _zip_of_photos(photos)
         driver.get(f"{live.url}/#token={live.token}")
