@@ -229,8 +229,6 @@ def test_the_page_uploads_shows_progress_and_downloads(live, tmp_path):
     opts.binary_location = browser
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         opts.add_argument(arg)
-    opts.add_experimental_option("prefs", {"download.default_directory": str(downloads),
-                                           "download.prompt_for_download": False})
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=opts, service=webdriver.ChromeService(executable_path=driver_bin))
     try:
