@@ -53,6 +53,8 @@ def _coerce(cls, key: str, value: Any, source: str) -> Any:
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError(value)
             value = int(value)
+        elif tp is str and isinstance(value, bool) and {"on", "off"} <= set(f.metadata.get("choices") or ()):
+            value = "on" if value else "off"  # YAML 1.1 reads an unquoted on/off as a bool
         elif tp is str:
             value = str(value)
         elif not isinstance(value, tp):

@@ -49,8 +49,26 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
+def param_groups(model: torch.nn.Module, pred_lr: float | None) -> list[dict]:
+    """The model's trainable parameters as optimizer groups: one, unless the predictor (BYOL, MoCo v3) learns at
+    pred_lr times the rest's rate (its own group, lr_mult; build_optimizer applies it). One group otherwise, so a
+    checkpoint written before the option resumes as it was."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    predictor = getattr(model, "predictor", None)
+    if predictor is None or pred_lr in (None, 1.0):
+        return [{"params": trainable}]
+    ids = {id(p) for p in predictor.parameters()}
+    return [{"params": [p for p in trainable if id(p) not in ids]},
+            {"params": [p for p in trainable if id(p) in ids], "lr_mult": pred_lr}]
+
+
 def build_optimizer(name: str, params, lr: float, weight_decay: float, lars_eta: float) -> torch.optim.Optimizer:
-    params = [p for p in params if p.requires_grad]
+    """params: parameters, or param_groups' groups (a group's lr is lr x its lr_mult; the schedule scales each)."""
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        params = [{**g, "lr": lr * g.get("lr_mult", 1.0)} for g in params]
+    else:
+        params = [p for p in params if p.requires_grad]
     if name == "lars":
         return LARS(params, lr=lr, momentum=0.9, weight_decay=weight_decay, eta=lars_eta)
     if name == "sgd":

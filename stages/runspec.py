@@ -8,6 +8,7 @@ images). Stages import this module and read the run directory; they never import
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -42,7 +43,8 @@ def resolve(cfg: PretrainConfig) -> PretrainConfig:
     what actually ran; `recipe` itself stays as asked (run() records the one chosen)."""
     name, _ = chosen_recipe(cfg)
     # an option the method does not use (BYOL's temperature) stays None; every method crops
-    values = {"crop_min_scale": recipes.crop_min_scale(name, cfg.method), **recipes.values(name, cfg.method)}
+    values = {"crop_min_scale": recipes.crop_min_scale(name, cfg.method), "warmup_epochs": recipes.warmup_epochs(cfg.epochs),
+              **recipes.values(name, cfg.method)}
     filled = {k: (values[k] if getattr(cfg, k) is None and k in values else getattr(cfg, k)) for k in to_dict(cfg)}
     return PretrainConfig(**filled)
 
@@ -52,6 +54,7 @@ def resolve(cfg: PretrainConfig) -> PretrainConfig:
 BOUNDS = {  # key: (lowest, highest, whether the lowest itself is allowed)
     "lr": (0.0, math.inf, False), "temperature": (0.0, math.inf, False), "weight_decay": (0.0, math.inf, True),
     "momentum_base": (0.0, 1.0, True), "crop_min_scale": (0.0, 1.0, False), "warmup_epochs": (0.0, math.inf, True),
+    "pred_lr": (0.0, math.inf, False),
     "proj_dim": (1, math.inf, True), "proj_hidden_dim": (1, math.inf, True), "pred_hidden_dim": (1, math.inf, True),
     "queue_size": (0, math.inf, True), "max_steps": (0, math.inf, True), "log_every": (1, math.inf, True),
     "save_every": (0, math.inf, True), "knn_every": (0, math.inf, True), "num_workers": (-1, math.inf, True),
@@ -104,6 +107,11 @@ def build_model(cfg: PretrainConfig) -> tuple[torch.nn.Module, int]:
     return METHODS[cfg.method].build(backbone, feat_dim, cfg), feat_dim
 
 
+# What a config.yaml written before these options existed trained with: a resumed older run keeps it, whatever its
+# recipe says now. (Evaluation and export read config.yaml as written, where None means the same.)
+BEFORE_THE_OPTION = {"proj_last_bn": "off", "pred_lr": 1.0}
+
+
 def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) -> PretrainConfig:
     """A resumed run starts from its own config.yaml; flags may still change e.g. max_steps or epochs, but not
     what would make the checkpoint meaningless."""
@@ -113,8 +121,13 @@ def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) ->
             raise PipelineError(f"--resume: no checkpoint at {run_dir / rundir.LAST_CHECKPOINT}")
         cfg = load_config(PretrainConfig, config_file or saved, overrides)
         old = load_config(PretrainConfig, saved)
+        for key, meant in BEFORE_THE_OPTION.items():  # a run from before the option trained as it says
+            if getattr(old, key) is None and key in METHODS[old.method].paper.values:
+                old = dataclasses.replace(old, **{key: meant})
+                if key not in overrides:
+                    cfg = dataclasses.replace(cfg, **{key: meant})
         for key in ("method", "recipe", "backbone", "image_size", "small_stem", "data", "batch_size", "seed", "proj_dim",
-                    "proj_hidden_dim", "pred_hidden_dim", "queue_size", "val_fraction"):
+                    "proj_hidden_dim", "pred_hidden_dim", "queue_size", "val_fraction", "proj_last_bn", "pred_lr"):
             if getattr(cfg, key) is not None and getattr(old, key) is not None and getattr(cfg, key) != getattr(old, key):
                 raise PipelineError(f"--resume: `{key}` is {getattr(old, key)!r} in {saved}, cannot change it to {getattr(cfg, key)!r}")
     else:

@@ -19,7 +19,7 @@ from pipeline.errors import PipelineError
 from stages import augment, distributed
 from stages.configs import PretrainConfig
 from stages.device_augment import device_view_batches
-from stages.optim import build_optimizer, warmup_cosine
+from stages.optim import build_optimizer, param_groups, warmup_cosine
 from stages.preprocess import PIL_PREPROCESS
 from stages.runspec import build_model, peak_lr
 
@@ -139,7 +139,8 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
     if graphs:  # both views of this process's images go through the backbone as one batch
         graph_backbone(model.backbone, 2 * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
     total_steps = steps_per_epoch * cfg.epochs
-    optimizer = build_optimizer(cfg.optimizer, model.parameters(), peak_lr(cfg), cfg.weight_decay, cfg.lars_eta)
+    optimizer = build_optimizer(cfg.optimizer, param_groups(model, cfg.pred_lr), peak_lr(cfg), cfg.weight_decay,
+                                cfg.lars_eta)
     scheduler = warmup_cosine(optimizer, round(cfg.warmup_epochs * steps_per_epoch), total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
     forward, grads = model, None

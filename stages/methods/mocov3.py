@@ -16,7 +16,7 @@ from stages.methods.spec import MethodSpec, Recipe
 # 256 out, BN at the end), temperature 1.0, momentum 0.99 rising to 1 on a cosine, LARS lr 0.6 x batch/256,
 # weight decay 1e-6. queue 0: the paper uses in-batch negatives only; a queue helps batches of a few hundred.
 DEFAULTS = {"temperature": 1.0, "proj_dim": 256, "proj_hidden_dim": 4096, "pred_hidden_dim": 4096,
-            "momentum_base": 0.99, "optimizer": "lars", "lr": 0.6, "weight_decay": 1e-6, "queue_size": 0}
+            "momentum_base": 0.99, "optimizer": "lars", "lr": 0.6, "weight_decay": 1e-6, "queue_size": 0, "pred_lr": 1.0}
 
 
 def info_nce(q: torch.Tensor, k: torch.Tensor, temperature: float, queue: torch.Tensor | None = None,
@@ -112,7 +112,7 @@ SPEC = MethodSpec(
     paper=Recipe(dict(DEFAULTS), source="MoCo v3 (Chen, Xie, He 2021), ResNet settings"),
     small=Recipe(
         dict(optimizer="sgd", lr=0.3, weight_decay=5e-4, temperature=0.2, proj_dim=256, proj_hidden_dim=4096,
-             pred_hidden_dim=4096, momentum_base=0.9, queue_size=0),
+             pred_hidden_dim=4096, momentum_base=0.9, queue_size=0, pred_lr=1.0),
         views=dict(crop_scale=(0.25, 1.0)),
         source="solo-learn's CIFAR MoCo v3 (temperature 0.2, 4096 -> 256 heads) with lightly's CIFAR SGD (wd 5e-4, "
                "lr 0.3 = its MoCo step in this loss's units); EMA from 0.9 and crops from 25 %, measured here"),

@@ -175,3 +175,14 @@ def test_yaml_keys_may_use_dashes_and_untyped_flags_are_skipped(tmp_path):
     f.write_text("two-words: 5\n")
     assert load_config(Words, f).two_words == 5
     assert load_config(Cfg, None, {"a": None, "b": 3}).b == 3.0  # a None (flag not typed) before it changes nothing
+
+
+def test_an_unquoted_on_or_off_in_yaml_is_the_choice_it_spells(tmp_path):
+    """YAML 1.1 reads `on`/`off` as booleans; an on/off option takes them as the word the user typed."""
+    f = tmp_path / "c.yaml"
+    f.write_text("small_stem: on\nchannels_last: off\nproj_last_bn: on\n")
+    cfg = load_config(PretrainConfig, f)
+    assert (cfg.small_stem, cfg.channels_last, cfg.proj_last_bn) == ("on", "off", "on")
+    f.write_text("method: yes\n")  # a choice without on/off still refuses a boolean
+    with pytest.raises(PipelineError, match="`method` must be one of"):
+        load_config(PretrainConfig, f)

@@ -188,9 +188,14 @@ def test_heads_are_the_papers_mlps():
     two = [(lin, 32, None), (bn, None, True), (relu, None, None), (lin, 16, None)]
     simclr, _ = _tiny_method("simclr")
     assert _layers(simclr.projector) == two
-    byol, _ = _tiny_method("byol")
+    byol, _ = _tiny_method("byol", proj_last_bn="off")
     assert _layers(byol.projector) == _layers(byol.predictor) == _layers(byol.target_projector) == two
     assert byol.projector[-1].bias is not None
+    # --proj-last-bn on (BYOL's small recipe): the projector, online and target, ends like MoCo v3's; the predictor
+    # is unchanged
+    centred, _ = _tiny_method("byol", proj_last_bn="on")
+    assert _layers(centred.projector) == _layers(centred.target_projector) == two[:3] + [(lin, 16, None), (bn, None, False)]
+    assert centred.projector[-2].bias is None and _layers(centred.predictor) == two
     moco, _ = _tiny_method("mocov3")
     assert _layers(moco.projector) == [(lin, 32, None), (bn, None, True), (relu, None, None), (lin, 32, None),
                                        (bn, None, True), (relu, None, None), (lin, 16, None), (bn, None, False)]

@@ -1,11 +1,12 @@
 """LARS against a naive per-parameter loop, and the warm-up + cosine schedule."""
 
 import copy
+import math
 
 import pytest
 import torch
 
-from stages.optim import LARS, warmup_cosine
+from stages.optim import LARS, build_optimizer, param_groups, warmup_cosine
 
 
 def naive_lars_step(params, state, lr, momentum, wd, eta):
@@ -90,3 +91,63 @@ def test_warmup_cosine_schedule():
     assert lrs[4] == pytest.approx(1.0)
     assert lrs[8] == pytest.approx(0.5)
     assert lrs[-1] == pytest.approx(0.5 * (1 + torch.cos(torch.tensor(7 / 8 * torch.pi)).item()))
+
+
+@pytest.mark.parametrize("name", ["sgd", "lars", "adamw"])
+def test_the_predictor_learns_at_its_multiple_of_the_rate_through_the_schedule(name):
+    """--pred-lr 10: the predictor's parameters in a group of their own at 10 x the rate, every trainable parameter in
+    exactly one group (the frozen target in none), and the warm-up + cosine schedule scaling both alike."""
+    from stages.configs import PretrainConfig
+    from stages.runspec import build_model, resolve
+
+    model, _ = build_model(resolve(PretrainConfig(method="byol", image_size=16, proj_dim=8, proj_hidden_dim=16,
+                                                  pred_hidden_dim=16)))
+    opt = build_optimizer(name, param_groups(model, 10.0), 0.1, 1e-4, 0.02)
+    rest, pred = opt.param_groups
+    assert (rest["lr"], pred["lr"]) == (pytest.approx(0.1), pytest.approx(1.0))
+    assert {id(p) for p in pred["params"]} == {id(p) for p in model.predictor.parameters()}
+    trainable = [id(p) for p in model.parameters() if p.requires_grad]
+    assert sorted(id(p) for g in opt.param_groups for p in g["params"]) == sorted(trainable)
+    assert not any(id(p) in trainable for p in model.target_projector.parameters())
+    sched = warmup_cosine(opt, 2, 10)
+    seen = []
+    for _ in range(5):
+        assert pred["lr"] == pytest.approx(10 * rest["lr"])
+        seen.append(rest["lr"])
+        opt.step()
+        sched.step()
+    cosine = [0.1 * (0.5 + 0.5 * math.cos(math.pi * k / 8)) for k in range(3)]
+    assert seen == pytest.approx([0.05, 0.1, *cosine])  # half-way up, the peak, then down the cosine from it
+
+
+def test_one_group_unless_the_predictor_has_another_rate():
+    """pred_lr 1 (or None), or a method without a predictor: one group, as every run had before the option, so
+    their checkpoints' optimizer state loads as it was saved."""
+    from stages.configs import PretrainConfig
+    from stages.runspec import build_model, resolve
+
+    for method, pred_lr in (("byol", 1.0), ("byol", None), ("mocov3", 1.0), ("simclr", 10.0)):
+        model, _ = build_model(resolve(PretrainConfig(method=method, image_size=16, proj_dim=8, proj_hidden_dim=16,
+                                                      pred_hidden_dim=16)))
+        groups = param_groups(model, pred_lr)
+        assert len(groups) == 1 and len(groups[0]["params"]) == sum(p.requires_grad for p in model.parameters())
+        assert len(build_optimizer("sgd", groups, 0.1, 0.0, 0.001).param_groups) == 1
+
+
+def test_a_predictor_step_at_ten_times_the_rate_moves_it_ten_times_as_far():
+    """The multiple reaches the update, not only the group's label: one plain SGD step (no momentum history, no
+    weight decay) with the same gradient everywhere."""
+    from stages.configs import PretrainConfig
+    from stages.runspec import build_model, resolve
+
+    model, _ = build_model(resolve(PretrainConfig(method="mocov3", image_size=16, proj_dim=8, proj_hidden_dim=16,
+                                                  pred_hidden_dim=16)))
+    opt = build_optimizer("sgd", param_groups(model, 10.0), 0.01, 0.0, 0.001)
+    before = {id(p): p.detach().clone() for p in model.parameters()}
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.ones_like(p)
+    opt.step()
+    moved = lambda m: [float((p.detach() - before[id(p)]).abs().max()) for p in m.parameters()]  # noqa: E731
+    assert moved(model.predictor) == pytest.approx([0.1] * len(list(model.predictor.parameters())))
+    assert moved(model.projector) == pytest.approx([0.01] * len(list(model.projector.parameters())))

@@ -125,3 +125,28 @@ def test_the_run_crops_at_its_recorded_min_scale(tmp_path, tiny_overrides, monke
         over = {**tiny_overrides, "method": "mocov3", "max_steps": 1, **({"crop_min_scale": scale} if scale else {})}
         pretrain.run(config_for_run(None, over, tmp_path / str(scale), False), tmp_path / str(scale), say=lambda *_: None)
     assert seen == [[(0.25, 1.0)] * 2, [(0.4, 1.0)] * 2]
+
+
+@pytest.mark.parametrize("epochs, expected", [(1000, 10.0), (100, 10.0), (20, 2.0), (5, 0.5)])
+def test_warm_up_is_the_papers_ten_epochs_at_most_a_tenth_of_the_run(epochs, expected):
+    for method in ("simclr", "byol", "mocov3"):
+        for recipe in ("small", "paper"):
+            assert resolve(PretrainConfig(method=method, recipe=recipe, epochs=epochs)).warmup_epochs == expected
+    assert resolve(PretrainConfig(epochs=epochs, warmup_epochs=0.5)).warmup_epochs == 0.5  # a flag wins
+
+
+def test_byol_small_centres_its_projections_and_speeds_its_predictor(tmp_path):
+    """BYOL's small recipe: BN on the projector's output and the predictor at 10 x the rate (README "Recipes": the
+    H200 sweeps); the paper recipe keeps the paper's plain projector and one rate; methods without the option
+    leave it unset; a flag wins, and the run records what it trained with."""
+    small = resolve(PretrainConfig(method="byol", recipe="small"))
+    assert (small.proj_last_bn, small.pred_lr) == ("on", 10.0)
+    paper = resolve(PretrainConfig(method="byol", recipe="paper"))
+    assert (paper.proj_last_bn, paper.pred_lr) == ("off", 1.0)
+    assert resolve(PretrainConfig(method="mocov3")).pred_lr == 1.0
+    assert resolve(PretrainConfig(method="simclr")).proj_last_bn is None
+    assert resolve(PretrainConfig(method="mocov3")).proj_last_bn is None
+    cfg = config_for_run(None, {"method": "byol", "proj_last_bn": "off", "pred_lr": 3.0}, tmp_path / "run", False)
+    assert (cfg.proj_last_bn, cfg.pred_lr) == ("off", 3.0)
+    with pytest.raises(PipelineError, match="pred_lr"):
+        config_for_run(None, {"method": "byol", "pred_lr": 0.0}, tmp_path / "run2", False)

@@ -89,3 +89,21 @@ def test_resume_refuses_changed_images_under_the_same_spec(tmp_path, tiny_overri
     with pytest.raises(PipelineError, match="--resume: the images of folder:.* changed"):
         pretrain.run(config_for_run(None, {"max_steps": 2}, out, True), out, resume=True, say=lambda *_: None)
     assert (out / rundir.LAST_CHECKPOINT).read_bytes() == before
+
+
+def test_a_byol_run_from_before_its_new_options_resumes_as_it_trained(tmp_path):
+    """A BYOL config.yaml written before --proj-last-bn and --pred-lr existed has neither: resumed, it keeps the
+    plain projector and one rate it trained with (not what its recipe says now), and changing either is refused."""
+    import yaml
+
+    out = tmp_path / "run"
+    pretrain_tiny(out, method="byol", proj_last_bn="off", pred_lr=1.0, max_steps=1)
+    saved = yaml.safe_load((out / rundir.CONFIG).read_text())
+    del saved["proj_last_bn"], saved["pred_lr"]
+    (out / rundir.CONFIG).write_text(yaml.safe_dump(saved))
+    cfg = config_for_run(None, {"max_steps": 2}, out, resume=True)
+    assert (cfg.proj_last_bn, cfg.pred_lr) == ("off", 1.0)
+    assert pretrain.run(cfg, out, resume=True, say=lambda *_: None)["step"] == 2
+    for key, new in (("proj_last_bn", "on"), ("pred_lr", 10.0)):
+        with pytest.raises(PipelineError, match=f"--resume: `{key}` is"):
+            config_for_run(None, {key: new}, out, resume=True)
