@@ -48,6 +48,7 @@ class PretrainConfig:
     pred_lr: float | None = opt(None, "the predictor's learning rate as a multiple of --lr (BYOL, MoCo v3); None = the recipe's (1 = the papers')")
     proj_last_bn: str | None = opt(None, "BYOL only: BatchNorm without affine on the projector's output, as MoCo v3's and SimSiam's projectors; None = the recipe's (off = the paper's)", choices=("on", "off"))
     crop_min_scale: float | None = opt(None, "smallest random crop as a share of the image's area (RandomResizedCrop's scale[0]); None = the recipe's")
+    solarize_p: float | None = opt(None, "chance that the second view is solarized (the papers: 0.2 for BYOL and MoCo v3, 0 for SimCLR; the first view never is); None = the recipe's")
     momentum_base: float | None = opt(None, "EMA start of the momentum network, rises to 1 on a cosine (BYOL, MoCo v3)")
     queue_size: int | None = opt(None, "MoCo v3 only: extra negatives from a ring buffer of past keys; 0 = none")
     val_fraction: float = opt(0.1, "held out for evaluation, never trained on (CIFAR uses its own test set)")

@@ -225,7 +225,7 @@ def train(r: Run) -> tuple[int, float]:
     """The steps from r.step to the end (or max_steps): (steps done, last loss)."""
     cfg, t, spe = r.cfg, r.training, r.steps_per_epoch
     stop_at = min(t.total_steps, cfg.max_steps) if cfg.max_steps > 0 else t.total_steps
-    views = recipes.views_for(cfg.recipe, cfg.method, cfg.image_size, cfg.crop_min_scale)
+    views = recipes.views_for(cfg.recipe, cfg.method, cfg.image_size, cfg.crop_min_scale, cfg.solarize_p)
     workers = default_workers(cfg.num_workers)
     r.say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(r.train_images)} train images, "
           f"{spe} steps/epoch, {t.total_steps} steps, device {r.device} x {r.shard[1]}, augment {r.mode}, "

@@ -73,11 +73,19 @@ def crop_min_scale(name: str, method: str) -> float:
     return RECIPES[name][method].views.get("crop_scale", METHODS[method].views[0].crop_scale)[0]
 
 
-def views_for(name: str, method: str, image_size: int,
-              min_scale: float | None = None) -> tuple[augment.ViewRecipe, augment.ViewRecipe]:
+def solarize_p(name: str, method: str) -> float:
+    """The second view's solarization chance: the recipe's own, else the paper's (BYOL's and MoCo v3's 0.2 on view 2
+    only, SimCLR's 0)."""
+    return RECIPES[name][method].views.get("solarize_p", METHODS[method].views[1].solarize_p)
+
+
+def views_for(name: str, method: str, image_size: int, min_scale: float | None = None,
+              solarize: float | None = None) -> tuple[augment.ViewRecipe, augment.ViewRecipe]:
     """The two views of the method's paper (blur dropped at <= 64 px, augment.recipes_for), with the recipe's
-    changes applied to both, and the smallest crop set to min_scale when given (--crop-min-scale)."""
+    changes applied to both, the smallest crop set to min_scale when given (--crop-min-scale), and the second view's
+    solarization chance set to `solarize` when given (--solarize-p; the first view keeps the paper's: none)."""
     changes = dict(RECIPES[name][method].views)
     if min_scale is not None:
         changes["crop_scale"] = (min_scale, 1.0)
-    return tuple(dataclasses.replace(v, **changes) for v in augment.recipes_for(method, image_size))
+    v1, v2 = (dataclasses.replace(v, **changes) for v in augment.recipes_for(method, image_size))
+    return v1, v2 if solarize is None else dataclasses.replace(v2, solarize_p=solarize)

@@ -249,7 +249,10 @@ def run_card(run: Run) -> str:
     recipe += {"simclr": [f"temperature {c.get('temperature')}"],
                "mocov3": [f"temperature {c.get('temperature')}", f"momentum {c.get('momentum_base')} → 1",
                           f"queue {c.get('queue_size')}"],
-               "byol": [f"target momentum {c.get('momentum_base')} → 1"]}.get(c.get("method"), [])
+               "byol": [f"target momentum {c.get('momentum_base')} → 1"]
+               + (["BN on the projector's output"] if c.get("proj_last_bn") == "on" else [])}.get(c.get("method"), [])
+    if c.get("pred_lr") not in (None, 1.0):  # absent from runs made before --pred-lr
+        recipe.append(f"predictor lr × {c['pred_lr']:g}")
     data = f"{c.get('data')}" + (f": {len(split['train']):,} train / {len(split['val']):,} val images"
                                  f" (split seed {split.get('seed')})" if split else "")
     rows = [["method", c.get("method")], ["backbone", f"{c.get('backbone')} (small stem: {c.get('small_stem')})"],

@@ -43,8 +43,8 @@ def resolve(cfg: PretrainConfig) -> PretrainConfig:
     what actually ran; `recipe` itself stays as asked (run() records the one chosen)."""
     name, _ = chosen_recipe(cfg)
     # an option the method does not use (BYOL's temperature) stays None; every method crops
-    values = {"crop_min_scale": recipes.crop_min_scale(name, cfg.method), "warmup_epochs": recipes.warmup_epochs(cfg.epochs),
-              **recipes.values(name, cfg.method)}
+    values = {"crop_min_scale": recipes.crop_min_scale(name, cfg.method), "solarize_p": recipes.solarize_p(name, cfg.method),
+              "warmup_epochs": recipes.warmup_epochs(cfg.epochs), **recipes.values(name, cfg.method)}
     filled = {k: (values[k] if getattr(cfg, k) is None and k in values else getattr(cfg, k)) for k in to_dict(cfg)}
     return PretrainConfig(**filled)
 
@@ -54,7 +54,7 @@ def resolve(cfg: PretrainConfig) -> PretrainConfig:
 BOUNDS = {  # key: (lowest, highest, whether the lowest itself is allowed)
     "lr": (0.0, math.inf, False), "temperature": (0.0, math.inf, False), "weight_decay": (0.0, math.inf, True),
     "momentum_base": (0.0, 1.0, True), "crop_min_scale": (0.0, 1.0, False), "warmup_epochs": (0.0, math.inf, True),
-    "pred_lr": (0.0, math.inf, False),
+    "pred_lr": (0.0, math.inf, False), "solarize_p": (0.0, 1.0, True),
     "proj_dim": (1, math.inf, True), "proj_hidden_dim": (1, math.inf, True), "pred_hidden_dim": (1, math.inf, True),
     "queue_size": (0, math.inf, True), "max_steps": (0, math.inf, True), "log_every": (1, math.inf, True),
     "save_every": (0, math.inf, True), "knn_every": (0, math.inf, True), "num_workers": (-1, math.inf, True),

@@ -150,3 +150,30 @@ def test_byol_small_centres_its_projections_and_speeds_its_predictor(tmp_path):
     assert (cfg.proj_last_bn, cfg.pred_lr) == ("off", 3.0)
     with pytest.raises(PipelineError, match="pred_lr"):
         config_for_run(None, {"method": "byol", "pred_lr": 0.0}, tmp_path / "run2", False)
+
+
+def test_solarization_is_the_papers_second_views_unless_a_flag_sets_it(tmp_path, tiny_overrides, monkeypatch):
+    """--solarize-p: unset, the paper's second view (BYOL and MoCo v3 0.2, SimCLR 0), recorded in config.yaml; set, the
+    second view's chance in the views training draws, the first view never solarized (the papers' asymmetry)."""
+    for method, paper in (("byol", 0.2), ("mocov3", 0.2), ("simclr", 0.0)):
+        for recipe in ("small", "paper"):
+            assert resolve(PretrainConfig(method=method, recipe=recipe)).solarize_p == paper
+    v1, v2 = recipes.views_for("small", "byol", 32, solarize=0.0)
+    assert (v1.solarize_p, v2.solarize_p) == (0.0, 0.0) and v2.crop_scale == (0.08, 1.0) and v2.blur_p == 0.0
+    assert recipes.views_for("small", "simclr", 32, 0.5, 0.7)[1].solarize_p == 0.7
+    with pytest.raises(PipelineError, match="solarize_p"):
+        config_for_run(None, {"solarize_p": 1.5}, tmp_path / "bad", False)
+    seen = []
+    real = pretrain.view_batches
+
+    def spy(mode, images, views, *a, **k):
+        seen.append([v.solarize_p for v in views])
+        return real(mode, images, views, *a, **k)
+
+    monkeypatch.setattr(pretrain, "view_batches", spy)
+    for p in (None, 0.0, 1.0):
+        out = tmp_path / str(p)
+        over = {**tiny_overrides, "method": "byol", "max_steps": 1, **({"solarize_p": p} if p is not None else {})}
+        pretrain.run(config_for_run(None, over, out, False), out, say=lambda *_: None)
+        assert yaml.safe_load((out / rundir.CONFIG).read_text())["solarize_p"] == (0.2 if p is None else p)
+    assert seen == [[0.0, 0.2], [0.0, 0.0], [0.0, 1.0]]

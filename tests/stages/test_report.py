@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import html
 import io
 import json
 import os
@@ -338,3 +339,16 @@ def test_a_worst_image_from_a_file_is_shown_beside_the_file(tmp_path):
             sizes.append(decoded.size)
     assert sizes == [(16, 16), (90, 60)]  # the model's center crop, then the whole file
     assert "rel L2 4.00e-03" in _text(page, "parity") and str(photo) in _text(page, "parity")
+
+
+def test_the_run_card_names_byols_projector_bn_and_predictor_rate(tmp_path):
+    """BYOL's small recipe trains with BN on the projector's output and a faster predictor: the card says so, and says
+    nothing of either for a run that trained without them."""
+    from tests.tiny_run import pretrain_tiny
+
+    for over, said in (({}, True), ({"proj_last_bn": "off", "pred_lr": 1.0}, False)):
+        out = tmp_path / str(said)
+        pretrain_tiny(out, method="byol", max_steps=1, **over)
+        card = html.unescape(re.sub(r"\s+", " ", report.run_card(report.Run(out, ReportConfig()))))
+        assert ("BN on the projector's output" in card) is said and ("predictor lr × 10" in card) is said, card
+        assert "target momentum 0.99 → 1" in card
