@@ -62,13 +62,10 @@ def param_groups(model: torch.nn.Module, pred_lr: float | None) -> list[dict]:
             {"params": [p for p in trainable if id(p) in ids], "lr_mult": pred_lr}]
 
 
-def build_optimizer(name: str, params, lr: float, weight_decay: float, lars_eta: float) -> torch.optim.Optimizer:
-    """params: parameters, or param_groups' groups (a group's lr is lr x its lr_mult; the schedule scales each)."""
-    params = list(params)
-    if params and isinstance(params[0], dict):
-        params = [{**g, "lr": lr * g.get("lr_mult", 1.0)} for g in params]
-    else:
-        params = [p for p in params if p.requires_grad]
+def build_optimizer(name: str, groups: list[dict], lr: float, weight_decay: float,
+                    lars_eta: float) -> torch.optim.Optimizer:
+    """groups: param_groups' (a group's lr is lr x its lr_mult; the schedule scales each group alike)."""
+    params = [{**g, "lr": lr * g.get("lr_mult", 1.0)} for g in groups]
     if name == "lars":
         return LARS(params, lr=lr, momentum=0.9, weight_decay=weight_decay, eta=lars_eta)
     if name == "sgd":

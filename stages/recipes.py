@@ -32,9 +32,9 @@ PAPER_MIN_SIZE = 65  # above the CIFAR-size stem limit (stages/backbones.SMALL_S
 
 
 # Warm-up: the papers' 10 epochs (SimCLR, BYOL, MoCo v3 on ImageNet; solo-learn's CIFAR runs too), but never more
-# than a tenth of the run, which is what 10 epochs are of the papers' shortest (100-epoch) schedules. It was one epoch
-# before: on the H200 sweeps a tenth gave MoCo v3 +8 points on digits (below random init before) and +11 on
-# digits-sizes (README "Recipes"), where one epoch is 2 to 8 steps at full rate from a random init.
+# than a tenth of the run, which is what 10 epochs are of the papers' shortest (100-epoch) schedules. It was one epoch,
+# 2 to 8 steps at full rate from a random init on the recipe sets; a tenth took MoCo v3 on digits from 10 points below
+# random init to 8 above, and on digits-sizes from +41 to +52 (README "Recipes", session 7's H200 sweep).
 WARMUP_EPOCHS = 10.0
 WARMUP_SHARE = 0.1
 

@@ -111,16 +111,22 @@ def test_crop_min_scale_comes_from_the_recipe_and_a_flag_wins(tmp_path):
         config_for_run(None, {"crop_min_scale": 1.5}, tmp_path / "run2", False)
 
 
-def test_the_run_crops_at_its_recorded_min_scale(tmp_path, tiny_overrides, monkeypatch):
-    """The views pretraining draws use crop_min_scale (the recipe's, or the flag's), not the paper's 8 %."""
+def _views_drawn(monkeypatch, field: str) -> list:
+    """What pretraining hands its view batches: `field` of each of the two views, one entry per run."""
     seen = []
     real = pretrain.view_batches
 
     def spy(mode, images, views, *a, **k):
-        seen.append([v.crop_scale for v in views])
+        seen.append([getattr(v, field) for v in views])
         return real(mode, images, views, *a, **k)
 
     monkeypatch.setattr(pretrain, "view_batches", spy)
+    return seen
+
+
+def test_the_run_crops_at_its_recorded_min_scale(tmp_path, tiny_overrides, monkeypatch):
+    """The views pretraining draws use crop_min_scale (the recipe's, or the flag's), not the paper's 8 %."""
+    seen = _views_drawn(monkeypatch, "crop_scale")
     for scale in (None, 0.4):
         over = {**tiny_overrides, "method": "mocov3", "max_steps": 1, **({"crop_min_scale": scale} if scale else {})}
         pretrain.run(config_for_run(None, over, tmp_path / str(scale), False), tmp_path / str(scale), say=lambda *_: None)
@@ -163,14 +169,7 @@ def test_solarization_is_the_papers_second_views_unless_a_flag_sets_it(tmp_path,
     assert recipes.views_for("small", "simclr", 32, 0.5, 0.7)[1].solarize_p == 0.7
     with pytest.raises(PipelineError, match="solarize_p"):
         config_for_run(None, {"solarize_p": 1.5}, tmp_path / "bad", False)
-    seen = []
-    real = pretrain.view_batches
-
-    def spy(mode, images, views, *a, **k):
-        seen.append([v.solarize_p for v in views])
-        return real(mode, images, views, *a, **k)
-
-    monkeypatch.setattr(pretrain, "view_batches", spy)
+    seen = _views_drawn(monkeypatch, "solarize_p")
     for p in (None, 0.0, 1.0):
         out = tmp_path / str(p)
         over = {**tiny_overrides, "method": "byol", "max_steps": 1, **({"solarize_p": p} if p is not None else {})}
