@@ -9,7 +9,7 @@ from PIL import Image
 from pipeline import rundir
 from pipeline.errors import PipelineError
 from stages import pretrain
-from stages.runspec import config_for_run
+from stages.runspec import BEFORE_THE_OPTION, config_for_run
 from tests.tiny_run import pretrain_tiny
 
 REFUSED = [  # field, the run's value, a changed one
@@ -101,9 +101,19 @@ def test_a_byol_run_from_before_its_new_options_resumes_as_it_trained(tmp_path):
     saved = yaml.safe_load((out / rundir.CONFIG).read_text())
     del saved["proj_last_bn"], saved["pred_lr"]
     (out / rundir.CONFIG).write_text(yaml.safe_dump(saved))
+    for key, new in (("proj_last_bn", "on"), ("pred_lr", 10.0)):  # refused against what the old run meant
+        with pytest.raises(PipelineError, match=f"--resume: `{key}` is {BEFORE_THE_OPTION[key]!r}"):
+            config_for_run(None, {key: new}, out, resume=True)
     cfg = config_for_run(None, {"max_steps": 2}, out, resume=True)
     assert (cfg.proj_last_bn, cfg.pred_lr) == ("off", 1.0)
     assert pretrain.run(cfg, out, resume=True, say=lambda *_: None)["step"] == 2
-    for key, new in (("proj_last_bn", "on"), ("pred_lr", 10.0)):
-        with pytest.raises(PipelineError, match=f"--resume: `{key}` is"):
-            config_for_run(None, {key: new}, out, resume=True)
+
+
+def test_a_byol_run_that_recorded_its_options_resumes_with_them(tmp_path):
+    """A run of today's recipe (projector BN on, predictor at 10x) resumes with what it recorded, not the values a
+    run from before the options meant."""
+    out = tmp_path / "run"
+    pretrain_tiny(out, method="byol", max_steps=1)
+    cfg = config_for_run(None, {"max_steps": 2}, out, resume=True)
+    assert (cfg.proj_last_bn, cfg.pred_lr) == ("on", 10.0)
+    assert pretrain.run(cfg, out, resume=True, say=lambda *_: None)["step"] == 2
