@@ -67,16 +67,13 @@ def values(name: str, method: str) -> dict:
     return dict(RECIPES[name][method].values)
 
 
-def crop_min_scale(name: str, method: str) -> float:
-    """The smallest crop area share of the recipe's views: its own change, else the paper's first view's (both
-    views of every method crop alike)."""
-    return RECIPES[name][method].views.get("crop_scale", METHODS[method].views[0].crop_scale)[0]
-
-
-def solarize_p(name: str, method: str) -> float:
-    """The second view's solarization chance: the recipe's own, else the paper's (BYOL's and MoCo v3's 0.2 on view 2
-    only, SimCLR's 0)."""
-    return RECIPES[name][method].views.get("solarize_p", METHODS[method].views[1].solarize_p)
+def view_values(name: str, method: str) -> dict:
+    """The config values the recipe's views stand for, each the recipe's own change, else the paper's: the smallest
+    crop area share (both views of every method crop alike) and the second view's solarization chance (BYOL's and
+    MoCo v3's 0.2 on view 2 only, SimCLR's 0)."""
+    changes, paper = RECIPES[name][method].views, METHODS[method].views
+    return {"crop_min_scale": changes.get("crop_scale", paper[0].crop_scale)[0],
+            "solarize_p": changes.get("solarize_p", paper[1].solarize_p)}
 
 
 def views_for(name: str, method: str, image_size: int, min_scale: float | None = None,

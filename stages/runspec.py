@@ -43,8 +43,7 @@ def resolve(cfg: PretrainConfig) -> PretrainConfig:
     what actually ran; `recipe` itself stays as asked (run() records the one chosen)."""
     name, _ = chosen_recipe(cfg)
     # an option the method does not use (BYOL's temperature) stays None; every method crops
-    values = {"crop_min_scale": recipes.crop_min_scale(name, cfg.method),
-              "solarize_p": recipes.solarize_p(name, cfg.method), "warmup_epochs": recipes.warmup_epochs(cfg.epochs),
+    values = {**recipes.view_values(name, cfg.method), "warmup_epochs": recipes.warmup_epochs(cfg.epochs),
               **recipes.values(name, cfg.method)}
     filled = {k: (values[k] if getattr(cfg, k) is None and k in values else getattr(cfg, k)) for k in to_dict(cfg)}
     return PretrainConfig(**filled)

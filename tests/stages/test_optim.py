@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from stages.optim import LARS, build_optimizer, param_groups, warmup_cosine
+from tests.stages.test_methods import _tiny_method
 
 
 def naive_lars_step(params, state, lr, momentum, wd, eta):
@@ -97,11 +98,7 @@ def test_warmup_cosine_schedule():
 def test_the_predictor_learns_at_its_multiple_of_the_rate_through_the_schedule(name):
     """--pred-lr 10: the predictor's parameters in a group of their own at 10 x the rate, every trainable parameter in
     exactly one group (the frozen target in none), and the warm-up + cosine schedule scaling both alike."""
-    from stages.configs import PretrainConfig
-    from stages.runspec import build_model, resolve
-
-    model, _ = build_model(resolve(PretrainConfig(method="byol", image_size=16, proj_dim=8, proj_hidden_dim=16,
-                                                  pred_hidden_dim=16)))
+    model, _ = _tiny_method("byol")
     opt = build_optimizer(name, param_groups(model, 10.0), 0.1, 1e-4, 0.02)
     rest, pred = opt.param_groups
     assert (rest["lr"], pred["lr"]) == (pytest.approx(0.1), pytest.approx(1.0))
@@ -123,12 +120,8 @@ def test_the_predictor_learns_at_its_multiple_of_the_rate_through_the_schedule(n
 def test_one_group_unless_the_predictor_has_another_rate():
     """pred_lr 1 (or None), or a method without a predictor: one group, as every run had before the option, so
     their checkpoints' optimizer state loads as it was saved."""
-    from stages.configs import PretrainConfig
-    from stages.runspec import build_model, resolve
-
     for method, pred_lr in (("byol", 1.0), ("byol", None), ("mocov3", 1.0), ("simclr", 10.0)):
-        model, _ = build_model(resolve(PretrainConfig(method=method, image_size=16, proj_dim=8, proj_hidden_dim=16,
-                                                      pred_hidden_dim=16)))
+        model, _ = _tiny_method(method)
         groups = param_groups(model, pred_lr)
         assert len(groups) == 1 and len(groups[0]["params"]) == sum(p.requires_grad for p in model.parameters())
         assert len(build_optimizer("sgd", groups, 0.1, 0.0, 0.001).param_groups) == 1
@@ -137,11 +130,7 @@ def test_one_group_unless_the_predictor_has_another_rate():
 def test_a_predictor_step_at_ten_times_the_rate_moves_it_ten_times_as_far():
     """The multiple reaches the update, not only the group's label: one plain SGD step (no momentum history, no
     weight decay) with the same gradient everywhere."""
-    from stages.configs import PretrainConfig
-    from stages.runspec import build_model, resolve
-
-    model, _ = build_model(resolve(PretrainConfig(method="mocov3", image_size=16, proj_dim=8, proj_hidden_dim=16,
-                                                  pred_hidden_dim=16)))
+    model, _ = _tiny_method("mocov3")
     opt = build_optimizer("sgd", param_groups(model, 10.0), 0.01, 0.0, 0.001)
     before = {id(p): p.detach().clone() for p in model.parameters()}
     for p in model.parameters():
