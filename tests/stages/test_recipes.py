@@ -102,6 +102,7 @@ def test_train_count_matches_the_split(tmp_path):
 
 def test_crop_min_scale_comes_from_the_recipe_and_a_flag_wins(tmp_path):
     assert resolve(PretrainConfig(method="mocov3", recipe="small")).crop_min_scale == 0.25
+    assert resolve(PretrainConfig(method="byol", recipe="small")).crop_min_scale == 0.25
     assert resolve(PretrainConfig(method="simclr", recipe="small")).crop_min_scale == 0.08
     assert resolve(PretrainConfig(method="mocov3", recipe="paper")).crop_min_scale == 0.08
     for v in recipes.views_for("small", "mocov3", 32):
@@ -144,13 +145,14 @@ def test_warm_up_is_the_papers_ten_epochs_at_most_a_tenth_of_the_run(epochs, exp
 
 
 def test_byol_small_centres_its_projections_and_speeds_its_predictor(tmp_path):
-    """BYOL's small recipe: BN on the projector's output and the predictor at 10 x the rate (README "Recipes": the
-    H200 sweeps); the paper recipe keeps the paper's plain projector and one rate; methods without the option
-    leave it unset; a flag wins, and the run records what it trained with."""
+    """BYOL's small recipe: BN on the projector's output, the predictor at 10 x the rate, EMA from 0.9 and crops from
+    25 % (README "Recipes": the H200 sweeps); the paper recipe keeps the paper's plain projector, one rate, EMA 0.99
+    and crops from 8 %; methods without the option leave it unset; a flag wins, and the run records what it trained
+    with."""
     small = resolve(PretrainConfig(method="byol", recipe="small"))
-    assert (small.proj_last_bn, small.pred_lr) == ("on", 10.0)
+    assert (small.proj_last_bn, small.pred_lr, small.momentum_base, small.crop_min_scale) == ("on", 10.0, 0.9, 0.25)
     paper = resolve(PretrainConfig(method="byol", recipe="paper"))
-    assert (paper.proj_last_bn, paper.pred_lr) == ("off", 1.0)
+    assert (paper.proj_last_bn, paper.pred_lr, paper.momentum_base, paper.crop_min_scale) == ("off", 1.0, 0.99, 0.08)
     assert resolve(PretrainConfig(method="mocov3")).pred_lr == 1.0
     assert resolve(PretrainConfig(method="simclr")).proj_last_bn is None
     assert resolve(PretrainConfig(method="mocov3")).proj_last_bn is None
@@ -167,7 +169,7 @@ def test_solarization_is_the_papers_second_views_unless_a_flag_sets_it(tmp_path,
         for recipe in ("small", "paper"):
             assert resolve(PretrainConfig(method=method, recipe=recipe)).solarize_p == paper
     v1, v2 = recipes.views_for("small", "byol", 32, solarize=0.0)
-    assert (v1.solarize_p, v2.solarize_p) == (0.0, 0.0) and v2.crop_scale == (0.08, 1.0) and v2.blur_p == 0.0
+    assert (v1.solarize_p, v2.solarize_p) == (0.0, 0.0) and v2.crop_scale == (0.25, 1.0) and v2.blur_p == 0.0
     assert recipes.views_for("small", "simclr", 32, 0.5, 0.7)[1].solarize_p == 0.7
     with pytest.raises(PipelineError, match="solarize_p"):
         config_for_run(None, {"solarize_p": 1.5}, tmp_path / "bad", False)

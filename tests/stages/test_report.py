@@ -351,4 +351,4 @@ def test_the_run_card_names_byols_projector_bn_and_predictor_rate(tmp_path):
         pretrain_tiny(out, method="byol", max_steps=1, **over)
         card = html.unescape(re.sub(r"\s+", " ", report.run_card(report.Run(out, ReportConfig()))))
         assert ("BN on the projector's output" in card) is said and ("predictor lr × 10" in card) is said, card
-        assert "target momentum 0.99 → 1" in card
+        assert "target momentum 0.9 → 1" in card
