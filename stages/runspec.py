@@ -107,9 +107,12 @@ def build_model(cfg: PretrainConfig) -> tuple[torch.nn.Module, int]:
     return METHODS[cfg.method].build(backbone, feat_dim, cfg), feat_dim
 
 
-# What a config.yaml written before these options existed trained with: a resumed older run keeps it, whatever its
-# recipe says now. (Evaluation and export read config.yaml as written, where None means the same.)
-BEFORE_THE_OPTION = {"proj_last_bn": "off", "pred_lr": 1.0}
+# What a config.yaml written before these options existed trained with, per method that has the option: a resumed
+# older run keeps it, whatever its recipe says now (BYOL's and MoCo v3's small recipes now crop from 25 %; every run
+# before --crop-min-scale cropped from the papers' 8 %). Evaluation and export read config.yaml as written, where None
+# means the same.
+BEFORE_THE_OPTION = {"proj_last_bn": {"byol": "off"}, "pred_lr": {"byol": 1.0, "mocov3": 1.0},
+                     "crop_min_scale": dict.fromkeys(METHODS, 0.08)}
 
 
 def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) -> PretrainConfig:
@@ -121,8 +124,9 @@ def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) ->
             raise PipelineError(f"--resume: no checkpoint at {run_dir / rundir.LAST_CHECKPOINT}")
         cfg = load_config(PretrainConfig, config_file or saved, overrides)
         old = load_config(PretrainConfig, saved)
-        for key, meant in BEFORE_THE_OPTION.items():  # a run from before the option trained as it says
-            if getattr(old, key) is None and key in METHODS[old.method].paper.values:
+        for key, per_method in BEFORE_THE_OPTION.items():  # a run from before the option trained as it says
+            if getattr(old, key) is None and old.method in per_method:
+                meant = per_method[old.method]
                 old = dataclasses.replace(old, **{key: meant})
                 if key not in overrides:
                     cfg = dataclasses.replace(cfg, **{key: meant})

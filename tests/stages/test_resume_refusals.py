@@ -92,20 +92,22 @@ def test_resume_refuses_changed_images_under_the_same_spec(tmp_path, tiny_overri
 
 
 def test_a_byol_run_from_before_its_new_options_resumes_as_it_trained(tmp_path):
-    """A BYOL config.yaml written before --proj-last-bn and --pred-lr existed has neither: resumed, it keeps the
-    plain projector and one rate it trained with (not what its recipe says now), and changing either is refused."""
+    """A BYOL config.yaml written before --proj-last-bn, --pred-lr and --crop-min-scale existed has none of them:
+    resumed, it keeps the plain projector, the one rate and the papers' 8 % crops it trained with (not what its
+    recipe says now), and changing the projector or the rate is refused; a crop flag still wins."""
     import yaml
 
     out = tmp_path / "run"
-    pretrain_tiny(out, method="byol", proj_last_bn="off", pred_lr=1.0, max_steps=1)
+    pretrain_tiny(out, method="byol", proj_last_bn="off", pred_lr=1.0, crop_min_scale=0.08, max_steps=1)
     saved = yaml.safe_load((out / rundir.CONFIG).read_text())
-    del saved["proj_last_bn"], saved["pred_lr"]
+    del saved["proj_last_bn"], saved["pred_lr"], saved["crop_min_scale"]
     (out / rundir.CONFIG).write_text(yaml.safe_dump(saved))
     for key, new in (("proj_last_bn", "on"), ("pred_lr", 10.0)):  # refused against what the old run meant
-        with pytest.raises(PipelineError, match=f"--resume: `{key}` is {BEFORE_THE_OPTION[key]!r}"):
+        with pytest.raises(PipelineError, match=f"--resume: `{key}` is {BEFORE_THE_OPTION[key]['byol']!r}"):
             config_for_run(None, {key: new}, out, resume=True)
+    assert config_for_run(None, {"crop_min_scale": 0.5}, out, resume=True).crop_min_scale == 0.5
     cfg = config_for_run(None, {"max_steps": 2}, out, resume=True)
-    assert (cfg.proj_last_bn, cfg.pred_lr) == ("off", 1.0)
+    assert (cfg.proj_last_bn, cfg.pred_lr, cfg.crop_min_scale) == ("off", 1.0, 0.08)
     assert pretrain.run(cfg, out, resume=True, say=lambda *_: None)["step"] == 2
 
 
@@ -115,5 +117,22 @@ def test_a_byol_run_that_recorded_its_options_resumes_with_them(tmp_path):
     out = tmp_path / "run"
     pretrain_tiny(out, method="byol", max_steps=1)
     cfg = config_for_run(None, {"max_steps": 2}, out, resume=True)
-    assert (cfg.proj_last_bn, cfg.pred_lr) == ("on", 10.0)
+    assert (cfg.proj_last_bn, cfg.pred_lr, cfg.crop_min_scale) == ("on", 10.0, 0.25)
     assert pretrain.run(cfg, out, resume=True, say=lambda *_: None)["step"] == 2
+
+
+@pytest.mark.parametrize("method, meant", [("mocov3", {"pred_lr": 1.0, "crop_min_scale": 0.08, "proj_last_bn": None}),
+                                           ("simclr", {"pred_lr": None, "crop_min_scale": 0.08, "proj_last_bn": None})])
+def test_other_methods_from_before_the_options_resume_as_they_trained(tmp_path, method, meant):
+    """MoCo v3 had one rate and, as every method, the papers' 8 % crops before the options; SimCLR has no predictor
+    and no projector option, so nothing is filled in for it but the crops."""
+    import yaml
+
+    out = tmp_path / "run"
+    pretrain_tiny(out, method=method, crop_min_scale=0.08, max_steps=1)
+    saved = yaml.safe_load((out / rundir.CONFIG).read_text())
+    for key in meant:
+        saved.pop(key, None)
+    (out / rundir.CONFIG).write_text(yaml.safe_dump(saved))
+    cfg = config_for_run(None, {"max_steps": 2}, out, resume=True)
+    assert {key: getattr(cfg, key) for key in meant} == meant
