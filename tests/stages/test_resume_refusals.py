@@ -4,6 +4,7 @@ one line, before anything is trained or written. Changes that are fine (more epo
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
 from pipeline import rundir
@@ -52,8 +53,6 @@ def test_resume_refuses_a_changed_field(trained, key, old, new):
 
 
 def test_resume_refuses_a_changed_field_from_a_config_file(trained, tmp_path):
-    import yaml
-
     saved = yaml.safe_load((trained / rundir.CONFIG).read_text())
     f = tmp_path / "c.yaml"
     f.write_text(yaml.safe_dump({**saved, "batch_size": 16}))
@@ -91,17 +90,22 @@ def test_resume_refuses_changed_images_under_the_same_spec(tmp_path, tiny_overri
     assert (out / rundir.LAST_CHECKPOINT).read_bytes() == before
 
 
+def _run_from_before_the_options(out, method, **trained):
+    """A one-step run with the papers' 8 % crops (and `trained`), its config.yaml then written as before
+    --proj-last-bn, --pred-lr and --crop-min-scale existed: none of the three keys."""
+    pretrain_tiny(out, method=method, crop_min_scale=0.08, max_steps=1, **trained)
+    saved = yaml.safe_load((out / rundir.CONFIG).read_text())
+    for key in ("proj_last_bn", "pred_lr", "crop_min_scale"):
+        saved.pop(key, None)
+    (out / rundir.CONFIG).write_text(yaml.safe_dump(saved))
+
+
 def test_a_byol_run_from_before_its_new_options_resumes_as_it_trained(tmp_path):
     """A BYOL config.yaml written before --proj-last-bn, --pred-lr and --crop-min-scale existed has none of them:
     resumed, it keeps the plain projector, the one rate and the papers' 8 % crops it trained with (not what its
     recipe says now), and changing the projector or the rate is refused; a crop flag still wins."""
-    import yaml
-
     out = tmp_path / "run"
-    pretrain_tiny(out, method="byol", proj_last_bn="off", pred_lr=1.0, crop_min_scale=0.08, max_steps=1)
-    saved = yaml.safe_load((out / rundir.CONFIG).read_text())
-    del saved["proj_last_bn"], saved["pred_lr"], saved["crop_min_scale"]
-    (out / rundir.CONFIG).write_text(yaml.safe_dump(saved))
+    _run_from_before_the_options(out, "byol", proj_last_bn="off", pred_lr=1.0)
     for key, new in (("proj_last_bn", "on"), ("pred_lr", 10.0)):  # refused against what the old run meant
         with pytest.raises(PipelineError, match=f"--resume: `{key}` is {BEFORE_THE_OPTION[key]['byol']!r}"):
             config_for_run(None, {key: new}, out, resume=True)
@@ -126,13 +130,7 @@ def test_a_byol_run_that_recorded_its_options_resumes_with_them(tmp_path):
 def test_other_methods_from_before_the_options_resume_as_they_trained(tmp_path, method, meant):
     """MoCo v3 had one rate and, as every method, the papers' 8 % crops before the options; SimCLR has no predictor
     and no projector option, so nothing is filled in for it but the crops."""
-    import yaml
-
     out = tmp_path / "run"
-    pretrain_tiny(out, method=method, crop_min_scale=0.08, max_steps=1)
-    saved = yaml.safe_load((out / rundir.CONFIG).read_text())
-    for key in meant:
-        saved.pop(key, None)
-    (out / rundir.CONFIG).write_text(yaml.safe_dump(saved))
+    _run_from_before_the_options(out, method)
     cfg = config_for_run(None, {"max_steps": 2}, out, resume=True)
     assert {key: getattr(cfg, key) for key in meant} == meant
