@@ -128,7 +128,7 @@ def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) ->
             if getattr(old, key) is None and old.method in per_method:
                 meant = per_method[old.method]
                 old = dataclasses.replace(old, **{key: meant})
-                if key not in overrides:
+                if getattr(cfg, key) is None:  # a flag or a --config value is kept, and refused below if it differs
                     cfg = dataclasses.replace(cfg, **{key: meant})
         for key in ("method", "recipe", "backbone", "image_size", "small_stem", "data", "batch_size", "seed", "proj_dim",
                     "proj_hidden_dim", "pred_hidden_dim", "queue_size", "val_fraction", "proj_last_bn", "pred_lr"):

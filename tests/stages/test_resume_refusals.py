@@ -110,6 +110,13 @@ def test_a_byol_run_from_before_its_new_options_resumes_as_it_trained(tmp_path):
         with pytest.raises(PipelineError, match=f"--resume: `{key}` is {BEFORE_THE_OPTION[key]['byol']!r}"):
             config_for_run(None, {key: new}, out, resume=True)
     assert config_for_run(None, {"crop_min_scale": 0.5}, out, resume=True).crop_min_scale == 0.5
+    other = tmp_path / "other.yaml"  # a --config file's values count as flags do, not as the old run's
+    other.write_text(yaml.safe_dump({**yaml.safe_load((out / rundir.CONFIG).read_text()), "crop_min_scale": 0.5,
+                                     "pred_lr": 10.0}))
+    with pytest.raises(PipelineError, match="--resume: `pred_lr` is 1.0"):
+        config_for_run(other, {}, out, resume=True)
+    other.write_text(other.read_text().replace("pred_lr: 10.0", "pred_lr: 1.0"))
+    assert config_for_run(other, {}, out, resume=True).crop_min_scale == 0.5
     cfg = config_for_run(None, {"max_steps": 2}, out, resume=True)
     assert (cfg.proj_last_bn, cfg.pred_lr, cfg.crop_min_scale) == ("off", 1.0, 0.08)
     assert pretrain.run(cfg, out, resume=True, say=lambda *_: None)["step"] == 2
