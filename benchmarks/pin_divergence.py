@@ -43,9 +43,10 @@ def tiny_losses(method: str, **overrides) -> list[float]:
     from tests.stages.test_pretrain import PIN_EXTRA
     from tests.tiny_run import pretrain_tiny
 
-    out = Path(tempfile.mkdtemp()) / "run"
-    pretrain_tiny(out, **{"method": method, "max_steps": 3, **PIN_EXTRA[method], **overrides})
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    with tempfile.TemporaryDirectory() as tmp:  # each run leaves a 128 MB checkpoint: gone with the folder
+        out = Path(tmp) / "run"
+        pretrain_tiny(out, **{"method": method, "max_steps": 3, **PIN_EXTRA[method], **overrides})
+        return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def child(threads: int, onednn: bool) -> None:

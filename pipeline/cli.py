@@ -5,6 +5,7 @@ Every PipelineError (and a few user-caused library errors) is printed as one lin
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 from pathlib import Path
@@ -28,6 +29,12 @@ def one_line_errors(fn):
             sys.exit(130)
         except MemoryError:
             click.echo("error: out of memory: lower --batch-size or --image-size", err=True)
+            sys.exit(2)
+        except OSError as e:  # a full disk in a write outside the run directory's atomic writes (an append, a library)
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            click.echo(f"error: could not write {e.filename or 'a file'}: {e.strerror}; free some space and run the "
+                       "command again (files already written are intact)", err=True)
             sys.exit(2)
 
     return wrapper

@@ -3,9 +3,11 @@ so an interrupted stage never leaves a half-written file where a finished one wa
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,9 +49,23 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     try:
         yield tmp_path
         os.replace(tmp_path, path)
+    except OSError as e:
+        if e.errno not in _DISK_FULL:
+            raise
+        raise PipelineError(_not_written(path, e.strerror)) from None
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+# a full disk, a full quota, a file-size limit (ulimit -f): the user frees space; nothing else is wrong
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _not_written(path: Path, why: str) -> str:
+    free = shutil.disk_usage(path.parent).free / 1e9
+    return (f"could not write {path}: {why} ({free:.1f} GB free on its disk); free some space and run the command "
+            "again (files already written are intact)")
 
 
 def write_text_atomic(path: Path | str, text: str) -> None:
@@ -65,7 +81,10 @@ def torch_save_atomic(path: Path | str, obj: Any) -> None:
     import torch
 
     with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+        try:
+            torch.save(obj, tmp)
+        except RuntimeError as e:  # torch's zip writer reports a failed write ("unexpected pos") without an errno
+            raise PipelineError(_not_written(Path(path), f"write failed ({str(e).strip().splitlines()[-1]})")) from None
 
 
 def append_jsonl(path: Path | str, obj: Any) -> None:
