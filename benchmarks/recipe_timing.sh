@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Issue 16's wall time: each method alone on the device, REPEATS times, the whole command as a user types it
+# (start-up, data loading and the last checkpoint included), then the median and range per method:
+#   pipeline pretrain --method M --data folder:TRAIN --image-size 32 --epochs EPOCHS --batch-size 512 --device cuda
+# Runs go one at a time, methods interleaved (simclr, mocov3, byol, simclr, ...), so a slow minute of the machine
+# lands on every method rather than on one. photos (benchmarks/recipe_datasets.py) has 4,050 train images once its
+# val split is held out: 175 epochs are 1,225 steps of 512, the nearest it gets to the issue's 1,400.
+#
+#   REPEATS=3 bash benchmarks/recipe_timing.sh OUT_DIR     # ~50 s a run on one H200: 9 runs, ~8 minutes
+#
+# Knobs: METHODS ("simclr mocov3 byol"), REPEATS (3), DATASET (photos), EPOCHS (175), BATCH (512), IMAGE_SIZE (32),
+# DEVICE (cuda), DATA (OUT_DIR/data), PYTHON (python3). Writes OUT_DIR/timing.jsonl (one line a run) and
+# OUT_DIR/timing.txt (the table). A smoke test on a CPU:
+#   DATASET=digits EPOCHS=1 BATCH=64 IMAGE_SIZE=16 REPEATS=2 DEVICE=cpu bash benchmarks/recipe_timing.sh /tmp/t
+set -euo pipefail
+OUT=${1:?usage: bash benchmarks/recipe_timing.sh OUT_DIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+METHODS=${METHODS:-simclr mocov3 byol}
+REPEATS=${REPEATS:-3}
+DATASET=${DATASET:-photos}
+EPOCHS=${EPOCHS:-175}
+BATCH=${BATCH:-512}
+IMAGE_SIZE=${IMAGE_SIZE:-32}
+DEVICE=${DEVICE:-cuda}
+DATA=${DATA:-$OUT/data}
+export TQDM_DISABLE=1 PYTHONUNBUFFERED=1
+[[ -d "$DATA/$DATASET/train" ]] || $PY benchmarks/recipe_datasets.py "$DATA" --only "$DATASET"
+: > "$OUT/timing.jsonl"
+mkdir -p "$OUT/logs"
+for r in $(seq 1 "$REPEATS"); do
+  for m in $METHODS; do
+    run="$OUT/runs/$m-$r" log="$OUT/logs/$m-$r.log"
+    rm -rf "$run"
+    t0=$(date +%s%N)
+    $PY -m pipeline pretrain --method "$m" --data "folder:$DATA/$DATASET/train" --image-size "$IMAGE_SIZE" \
+      --epochs "$EPOCHS" --batch-size "$BATCH" --device "$DEVICE" --seed 0 --out "$run" > "$log" 2>&1
+    t1=$(date +%s%N)
+    steps=$(sed -n 's|^done: step \([0-9]*\)/.*|\1|p' "$log")
+    echo "{\"method\": \"$m\", \"repeat\": $r, \"wall_s\": $(( (t1 - t0) / 1000000 ))e-3, \"steps\": ${steps:-0}}" \
+      | tee -a "$OUT/timing.jsonl"
+    rm -rf "$run/checkpoints"  # 100-400 MB a run, and only the time is wanted
+  done
+done
+$PY - "$OUT/timing.jsonl" "$DATASET" "$EPOCHS" "$BATCH" "$DEVICE" <<'EOF' | tee "$OUT/timing.txt"
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+print(f"wall time of the whole command, {sys.argv[2]}, {sys.argv[3]} epochs, batch {sys.argv[4]}, {sys.argv[5]}")
+print(f"{'method':8} {'runs':>4} {'steps':>6} {'median s':>9} {'min s':>7} {'max s':>7}")
+for m in dict.fromkeys(r["method"] for r in rows):
+    t = [r["wall_s"] for r in rows if r["method"] == m]
+    steps = {r["steps"] for r in rows if r["method"] == m}
+    print(f"{m:8} {len(t):>4} {'/'.join(map(str, sorted(steps))):>6} {statistics.median(t):>9.1f} {min(t):>7.1f} "
+          f"{max(t):>7.1f}")
+EOF
