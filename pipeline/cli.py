@@ -5,13 +5,13 @@ Every PipelineError (and a few user-caused library errors) is printed as one lin
 
 from __future__ import annotations
 
-import errno
 import functools
 import sys
 from pathlib import Path
 
 import click
 
+from pipeline import rundir
 from pipeline.config import as_flags
 from pipeline.errors import PipelineError
 
@@ -31,10 +31,9 @@ def one_line_errors(fn):
             click.echo("error: out of memory: lower --batch-size or --image-size", err=True)
             sys.exit(2)
         except OSError as e:  # a full disk in a write outside the run directory's atomic writes (an append, a library)
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            if e.errno not in rundir.DISK_FULL:
                 raise
-            click.echo(f"error: could not write {e.filename or 'a file'}: {e.strerror}; free some space and run the "
-                       "command again (files already written are intact)", err=True)
+            click.echo(f"error: {rundir.not_written(Path(e.filename or 'a file'), e.strerror)}", err=True)
             sys.exit(2)
 
     return wrapper
@@ -58,11 +57,10 @@ def _pretrain_command():
     @one_line_errors
     def pretrain(config_file, out, resume, gpus, **overrides):
         """Self-supervised pretraining (SimCLR, BYOL or MoCo v3) into a run directory."""
-        from pipeline.rundir import DEFAULT_RUN
         from stages import distributed, runspec
         from stages import pretrain as stage
 
-        run_dir = Path(out) if out else DEFAULT_RUN
+        run_dir = Path(out) if out else rundir.DEFAULT_RUN
         if out is None:
             click.echo(f"using run {run_dir}")
         cfg = runspec.config_for_run(config_file, overrides, run_dir, resume)  # a bad option fails here, once
@@ -122,9 +120,8 @@ def stage_command(name, config_cls, module, help_, epilog=None, before=None, sho
         import importlib
 
         from pipeline.config import load_config
-        from pipeline.rundir import resolve_run
 
-        run_dir = resolve_run(run, say=click.echo)
+        run_dir = rundir.resolve_run(run, say=click.echo)
         cfg = load_config(config_cls, config_file, overrides)
         if before:
             before(run_dir, cfg)
@@ -212,7 +209,6 @@ def doctor():
 @one_line_errors
 def show(run):
     """Print a run's results from its files: the evaluation table and the parity table (what `make all` ends with)."""
-    from pipeline import rundir
     from stages import linear_eval, validate
 
     run_dir = rundir.resolve_run(run, say=click.echo)
@@ -239,7 +235,6 @@ def show(run):
 def swift_fixtures(run, out, bank_per_class, max_bytes, check):
     """Golden files for swift_demo's `swift test`: raw pixels and the pipeline's crops, export/encoder.pt's embeddings,
     encoder.json and the model's metadata, and the pipeline's kNN / majority / centroid / parity answers."""
-    from pipeline.rundir import resolve_run
     from stages import swift_fixtures as stage
 
     if check:
@@ -251,7 +246,7 @@ def swift_fixtures(run, out, bank_per_class, max_bytes, check):
         click.echo("fixtures are current")
         return
     cfg = stage.SwiftFixturesConfig(out=out, bank_per_class=bank_per_class, max_bytes=max_bytes)
-    stage.run(cfg, resolve_run(run, say=click.echo), say=click.echo)
+    stage.run(cfg, rundir.resolve_run(run, say=click.echo), say=click.echo)
 
 
 @main.command("serve")

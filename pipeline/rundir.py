@@ -50,20 +50,21 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         yield tmp_path
         os.replace(tmp_path, path)
     except OSError as e:
-        if e.errno not in _DISK_FULL:
+        if e.errno not in DISK_FULL:
             raise
-        raise PipelineError(_not_written(path, e.strerror)) from None
+        raise PipelineError(not_written(path, e.strerror)) from None
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
 
 
 # a full disk, a full quota, a file-size limit (ulimit -f): the user frees space; nothing else is wrong
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def _not_written(path: Path, why: str) -> str:
-    free = shutil.disk_usage(path.parent).free / 1e9
+def not_written(path: Path, why: str) -> str:
+    """The one line for a write the disk refused (DISK_FULL), with the space left where it was going."""
+    free = shutil.disk_usage(path.parent if path.parent.is_dir() else ".").free / 1e9
     return (f"could not write {path}: {why} ({free:.1f} GB free on its disk); free some space and run the command "
             "again (files already written are intact)")
 
@@ -84,7 +85,7 @@ def torch_save_atomic(path: Path | str, obj: Any) -> None:
         try:
             torch.save(obj, tmp)
         except RuntimeError as e:  # torch's zip writer reports a failed write ("unexpected pos") without an errno
-            raise PipelineError(_not_written(Path(path), f"write failed ({str(e).strip().splitlines()[-1]})")) from None
+            raise PipelineError(not_written(Path(path), f"write failed ({str(e).strip().splitlines()[-1]})")) from None
 
 
 def append_jsonl(path: Path | str, obj: Any) -> None:
