@@ -21,12 +21,14 @@ ROOT = Path(__file__).parents[2]
 LIMIT = 20_000_000  # bytes: a ResNet-18 checkpoint with its optimizer is ~128 MB; config and metrics are tiny
 
 
-def _limited(*args: str) -> subprocess.CompletedProcess:
-    def cap():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process instead of failing write()
-        resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
+def _cap() -> None:
+    """In the child, before it runs: no file past LIMIT bytes."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process instead of failing write()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
 
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], preexec_fn=cap, capture_output=True,
+
+def _limited(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], preexec_fn=_cap, capture_output=True,
                           text=True, timeout=300, cwd=ROOT, env={"TQDM_DISABLE": "1", "PATH": "/usr/bin:/bin"})
 
 
@@ -69,14 +71,9 @@ def test_a_small_atomic_write_on_a_full_disk_names_the_file(tmp_path):
     code = ("import sys; from pipeline import rundir; from pipeline.errors import PipelineError\n"
             "try: rundir.write_text_atomic(sys.argv[1], 'x' * 30_000_000)\n"
             "except PipelineError as e: print(e); sys.exit(2)")
-
-    def cap():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
-
     target = tmp_path / "big.txt"
     target.write_text("kept")
-    res = subprocess.run([sys.executable, "-c", code, str(target)], preexec_fn=cap, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-c", code, str(target)], preexec_fn=_cap, capture_output=True, text=True,
                          cwd=ROOT)
     assert res.returncode == 2, res.stderr
     assert res.stdout.startswith(f"could not write {target}: File too large"), res.stdout
