@@ -71,9 +71,9 @@ browser:
 	elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "note: chromium/chromedriver missing and not root: the report's browser test will be skipped"; fi
 
-# Mutation testing of the critical modules (README "Tests"), not part of `make test`: mutmut mutates one function at a
+# Mutation testing of the critical modules (docs/tests.md), not part of `make test`: mutmut mutates one function at a
 # time and runs the tests that reach it. Narrow it with e.g. `make mutation MUTANTS='stages.knn.*'`.
-# augment / device_augment: the parameter draws and the view ops only (README says why).
+# augment / device_augment: the parameter draws and the view ops only (docs/tests.md says why).
 MUTANTS ?= stages.knn.x_[kwt]* stages.knn.x_majority* export.parity.* stages.validate.x_gate* stages.validate.x_check__* stages.linear_eval.x_probes* \
            stages.methods.* export.encoder.* stages.runspec.x_validate* stages.runspec.x_config_for_run* \
            stages.runspec.x_resolve* pipeline.config.* stages.augment.x_sample_* stages.augment.x_apply_view* \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What writing checkpoints/last.pt after every epoch cost on small data: configs/byol-small.yaml on digits (6 steps
-# of 256 images per epoch, a ~190 MB checkpoint), --checkpoint-every-s 0 (every epoch: the policy before issue 3's
-# second round) against the default (every 120 s and at the end), REPEATS runs of each, interleaved.
+# of 256 images per epoch, a ~190 MB checkpoint), --checkpoint-every-s 0 (a write after every epoch)
+# against the default (every 120 s and at the end), REPEATS runs of each, interleaved.
 # Prints per run the wall time and the median img/s over its 30-step log windows (which include the writes).
 # Usage: benchmarks/checkpoint_cost.sh [EPOCHS] [REPEATS] [OUTDIR]
 set -euo pipefail

@@ -1,11 +1,11 @@
-"""Issue 17: the per-image CPU augmentation path (`--augment cpu`) against torchvision's transforms on PIL images,
+"""The per-image CPU augmentation path (`--augment cpu`) against torchvision's transforms on PIL images,
 in one process and one run, so both see the same machine at the same time.
 
 Paths, each making the two SimCLR views of one image (the project's recipe: RandomResizedCrop 0.08-1, flip 0.5,
 colour jitter 0.8/0.8/0.8/0.2 in a random order with p 0.8, grayscale 0.2, blur p 0.5 with sigma 0.1-2 at 224 px
 and off at 32 px):
 - project: augment.TwoViewDataset, what DataLoader workers run (uint8 views; normalised per batch later);
-- project float reference: the same Dataset with the float torchvision-on-tensor ops (the path before issue 17);
+- project float reference: the same Dataset with the float torchvision-on-tensor ops (the path `augment.apply_view` keeps as the reference);
 - torchvision on PIL: lightly's SimCLR recipe written with torchvision.transforms.v2 on PIL images (PIL's
   GaussianBlur, as lightly's), ending in ToImage + ToDtype(float) + Normalize as lightly's does; and the same
   ending in PILToTensor (uint8, normalised per batch as the project's views are), its cheapest form;

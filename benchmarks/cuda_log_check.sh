@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13: a CUDA `pipeline pretrain` (one GPU, CUDA graphs on by default) and, where two GPUs are visible, a
+# A CUDA `pipeline pretrain` (one GPU, CUDA graphs on by default) and, where two GPUs are visible, a
 # `--gpus 2` one, as a user types them; every line they print that is not one of the project's own is listed
 # (another library's warning, a torchrun notice). Exit status 1 if there is any.
 # Usage: benchmarks/cuda_log_check.sh [OUTDIR]     (logs in OUTDIR/one-gpu.log and OUTDIR/two-gpus.log)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16 part 3: which settings make `make all`'s default run (digits, CPU) end with a clear gain over random init.
+# Which settings make `make all`'s default run (digits, CPU) end with a clear gain over random init.
 # Each candidate is `pipeline pretrain --config configs/default.yaml --device cpu FLAGS` then `pipeline linear-eval
 # --labels-per-class 5` (what `make all` runs), printing the pretraining wall time and linear-eval's table
 # (pretrained vs random init: linear and kNN top-1, and the 5-labels-per-class probes over 5 draws).

@@ -3,7 +3,7 @@
 
 1. parity: device_augment on CUDA (fp32, and the fp16 it trains with) vs the CPU reference (augment.apply_view),
    same parameter rows: max |diff| over all pixels;
-2. GPU time of one step's views (both views, whole batch, CUDA events) for issue 6's two configurations, and the
+2. GPU time of one step's views (both views, whole batch, CUDA events) for docs/benchmarks.md's two configurations, and the
    top kernels by GPU time (torch.profiler).
 """
 

@@ -1,4 +1,4 @@
-"""Real, offline, labelled image sets for judging pretraining recipes (issue 16), written as `folder:` datasets.
+"""Real, offline, labelled image sets for judging pretraining recipes, written as `folder:` datasets.
 
     python benchmarks/recipe_datasets.py OUT [--per-class N] [--eval-per-class N] [--seed S]
 

@@ -1,5 +1,5 @@
-"""kNN top-1 of an encoder on a `folder:` dataset's held-out eval images against its train images (issue 16's
-measure): features of `export/encoder.pt` (what `pipeline strip` ships: normalisation inside, L2-normalised
+"""kNN top-1 of an encoder on a `folder:` dataset's held-out eval images against its train images (the recipe
+grid's measure): features of `export/encoder.pt` (what `pipeline strip` ships: normalisation inside, L2-normalised
 output), weighted vote of the k = 200 most cosine-similar train images, exp(sim / 0.1) each (stages/knn.py).
 
     python benchmarks/recipe_knn.py --train DIR --eval DIR (--encoder RUN/export/encoder.pt | --random-init --seed S ...)

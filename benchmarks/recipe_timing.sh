@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 16's wall time: each method alone on the device, REPEATS times, the whole command as a user types it
+# One pretraining run's wall time: each method alone on the device, REPEATS times, the whole command as a user types it
 # (start-up, data loading and the last checkpoint included), then the median and range per method:
 #   pipeline pretrain --method M --data folder:TRAIN --image-size 32 --epochs EPOCHS --batch-size 512 --device cuda
 # Runs go one at a time, methods interleaved (simclr, mocov3, byol, simclr, ...), so a slow minute of the machine
 # lands on every method rather than on one. photos (benchmarks/recipe_datasets.py) has 4,050 train images once its
-# val split is held out: 175 epochs are 1,225 steps of 512, the nearest it gets to the issue's 1,400.
+# val split is held out: 175 epochs are 1,225 steps of 512.
 #
 #   REPEATS=3 bash benchmarks/recipe_timing.sh OUT_DIR     # ~50 s a run on one H200: 9 runs, ~8 minutes
 #

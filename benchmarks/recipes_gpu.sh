@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16's recipe grid on one GPU. For every dataset x method x seed: pretrain exactly as a user types it,
+# The recipe grid on one GPU. For every dataset x method x seed: pretrain exactly as a user types it,
 #   pipeline pretrain --method M --data folder:TRAIN --image-size 32 --epochs 100 --batch-size 512 --device cuda \
 #       --seed S --out RUN
 # then `pipeline strip --run RUN`, then the kNN (k = 200, T = 0.1, cosine) of RUN/export/encoder.pt's features,

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 17 part 1, in one call on a 2-GPU machine (from the repository root):
+# Two-GPU weak scaling, in one call on a 2-GPU machine (from the repository root):
 #
 #   bash benchmarks/scaling_gpu.sh OUT_DIR
 #
-# 1. `pipeline bench` of both issue configurations on one GPU and then on two (weak scaling: the same per-GPU
+# 1. `pipeline bench` of both configurations of docs/benchmarks.md on one GPU and then on two (weak scaling: the same per-GPU
 #    batch, so the global batch doubles), this tree's code, back to back: OUT_DIR/bench.jsonl, one JSON line each,
 #    and the 2-GPU 32 px run also profiled (OUT_DIR/profile/); then the scaling table (scaling = 2-GPU e2e /
 #    (2 x 1-GPU e2e), and each 2-GPU e2e against its own ceiling).

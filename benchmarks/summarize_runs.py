@@ -40,7 +40,7 @@ for run in runs:
         print(f"   {few['k']} labels/class: single draw (older linear.json): linear top1 {pct(few['top1'])} vs "
               f"{pct(few['baseline']['top1'])}; re-run linear-eval for means over draws")
 
-# --markdown-rows: the README's table rows (top-1 %, pretrained vs random init, gain in points), one per run that has
+# --markdown-rows: docs/recipes.md's table rows (top-1 %, pretrained vs random init, gain in points), one per run that has
 # an eval/linear.json with few-label draws, named by its directory.
 if "--markdown-rows" in sys.argv:
     print()

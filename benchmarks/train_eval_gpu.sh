@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issues 2 and 3 on one NVIDIA GPU: each method's paper recipe (configs/<method>.yaml) on digits at 32 px with
+# Pretraining and evaluation on one NVIDIA GPU: each method's paper recipe (configs/<method>.yaml) on digits at 32 px with
 # ResNet-18 for EPOCHS epochs (batch 256: 6 steps per epoch), then linear-eval (all labels, and 5 per class over
 # 5 draws) against the random init. All runs share the one GPU side by side; each writes LOGDIR/<name>.log.
 # METHODS picks recipes (default: all three; " " for none); RUNS_EXTRA may add variants as "name:method:flags;..."

@@ -15,7 +15,7 @@ import re
 # Each pattern is one message coremltools logs on import, and why it does not matter to this project:
 BENIGN_IMPORT_MESSAGES = (
     # Off macOS the native Core ML bridge does not exist, so every proxy class fails to load (eight lines). The
-    # project never predicts through it there: validate runs its own reference evaluators (README, validate).
+    # project never predicts through it there: validate runs its own reference evaluators (docs/export.md, validate).
     re.compile(r"^Failed to load _ML\w+Proxy: No module named 'coremltools\.libcoremlpython'"),
     # Only coremltools' scikit-learn *model converter* is disabled; the project converts torch programs, and uses
     # scikit-learn for linear evaluation only.

@@ -290,7 +290,7 @@ def _made_ahead(make, first: int, end: int, device: torch.device, per_rank: int)
     caller trains on the one before. A thread, not a second process: the views stay on the GPU. It pays because
     most of a batch's host time is spent launching kernels, which torch does with the GIL released, so the
     worker's launches run beside the training step's instead of before them: at small image sizes the host, not
-    the GPU, is the limit of a step (BENCHMARKS.md)."""
+    the GPU, is the limit of a step (docs/benchmarks.md)."""
     main = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
     # Once: the images may just have been copied on the main stream. Not per batch: waiting for the main stream

@@ -21,7 +21,7 @@ class LARS(torch.optim.Optimizer):
             d = g + wd * p;  d *= eta * |p| / |d| (matrices, both norms > 0);  buf = m * buf + d;  p -= lr * buf
         written with torch's multi-tensor (_foreach) ops: a handful of kernel launches for the whole model instead
         of ~10 per parameter from Python, which on a GPU made the optimizer the host-side bottleneck of small-image
-        steps (BENCHMARKS.md). Same arithmetic in the same order as the per-parameter loop (tests/stages/test_optim.py)."""
+        steps (docs/benchmarks.md). Same arithmetic in the same order as the per-parameter loop (tests/stages/test_optim.py)."""
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]

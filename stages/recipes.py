@@ -25,16 +25,17 @@ from stages.methods import METHODS
 # auto picks the papers' recipe only for a run the papers tuned it on: ImageNet-like images, sets and step counts
 # (SimCLR's shortest ImageNet schedule, 100 epochs at batch 4096, is ~31k steps). Anything smaller gets the small
 # recipe: on this project's own runs the papers' LARS recipes stayed near or below random init for a few thousand
-# steps (README, H200 results), and the CIFAR benchmarks all train small images with other settings.
+# steps (docs/recipes.md), and the CIFAR benchmarks all train small images with other settings.
 PAPER_MIN_IMAGES = 100_000  # ImageNet-100 (126k) is the smallest set solo-learn trains with the papers' LARS recipes
 PAPER_MIN_STEPS = 30_000
 PAPER_MIN_SIZE = 65  # above the CIFAR-size stem limit (stages/backbones.SMALL_STEM_MAX_SIZE = 64)
 
 
 # Warm-up: the papers' 10 epochs (SimCLR, BYOL, MoCo v3 on ImageNet; solo-learn's CIFAR runs too), but never more
-# than a tenth of the run, which is what 10 epochs are of the papers' shortest (100-epoch) schedules. It was one epoch,
+# than a tenth of the run, which is what 10 epochs are of the papers' shortest (100-epoch) schedules. One epoch is
 # 2 to 8 steps at full rate from a random init on the recipe sets; a tenth took MoCo v3 on digits from 10 points below
-# random init to 8 above, and on digits-sizes from +41 to +52 (README "Recipes", session 7's H200 sweep).
+# random init to 8 above, and on digits-sizes from +41 to +52 (docs/recipes.md, the H200 sweep of optimizers and
+# warm-up).
 WARMUP_EPOCHS = 10.0
 WARMUP_SHARE = 0.1
 

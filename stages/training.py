@@ -87,7 +87,7 @@ def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, chann
            if precision.backbone_dtype is not None else contextlib.nullcontext())
     # The capture's warm-up runs on make_graphed_callables' own stream, and autograd remembers that stream for each
     # parameter's gradient accumulator: every backward then adds a GPU-side event wait per parameter (no host
-    # wait, so no cost a step shows: BENCHMARKS.md) and torch warns once, already during the capture. Expected
+    # wait, so no cost a step shows: docs/benchmarks.md) and torch warns once, already during the capture. Expected
     # here, so not shown: the switch torch offers where it has one, and a filter for exactly that message (its
     # first sentence), both set before the capture.
     if hasattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch"):
@@ -174,7 +174,7 @@ def train_step(t: Training, x1: torch.Tensor, x2: torch.Tensor, step: int) -> to
 
 def augment_mode(requested: str, device: torch.device) -> str:
     """auto: on the training device when it is an accelerator (CPU workers cannot keep a GPU fed:
-    BENCHMARKS.md), in CPU workers otherwise (the reference path, and on a CPU it is the same silicon anyway)."""
+    docs/benchmarks.md), in CPU workers otherwise (the reference path, and on a CPU it is the same silicon anyway)."""
     if requested == "auto":
         return "device" if device.type in ("cuda", "mps") else "cpu"
     return requested

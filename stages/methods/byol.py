@@ -54,13 +54,13 @@ VIEWS = (ViewRecipe(blur_p=1.0, solarize_p=0.0), ViewRecipe(blur_p=0.1, solarize
 # paper's jitter, solarize on view 2, no blur). lightly's EMA base 0.99 rather than the paper's 0.996 (a few thousand
 # steps cannot wait for a target that averages over ~250 of them), lowered further below. Changed from
 # configs/byol-small.yaml (lr 0.12, wd 5e-4, 4096-wide heads): that is 4x lightly's step once the loss scale is
-# counted, and the issue measured it below random init at 1,400 steps (72.9 %), SGD lr 0.3 (10x lightly's) collapsing
-# (56.9 %), lightly's own recipe 78 %: at this budget a smaller step did better each time. Changed here by the H200
-# sweeps (README "Recipes", session 7): BN without affine on the projector's output, as MoCo v3's and SimSiam's
+# counted, and it measured below random init at 1,400 steps (72.9 %), SGD lr 0.3 (10x lightly's) collapsing
+# (56.9 %), lightly's own recipe 78 %: at this budget a smaller step did better each time. Two changes from the H200
+# sweeps (docs/recipes.md): BN without affine on the projector's output, as MoCo v3's and SimSiam's
 # projectors (targets centred over the batch cannot be predicted by their common direction alone), and the predictor
 # at 10x the rate (SimSiam keeps its predictor's rate fixed, DirectPred argues a predictor that adapts faster than the
 # encoder): together +6 points on digits, +10 on digits-sizes, where 200-800 steps of lightly's recipe stayed at or
-# below random init. Session 8's sweep on top of those: a target that averages ~10 steps (EMA from 0.9, as MoCo v3's
+# below random init. On top of those: a target that averages ~10 steps (EMA from 0.9, as MoCo v3's
 # small recipe) and crops from 25 % of the image (a crop of 8 % of an 8 x 8 digit is a 2 x 2 stroke fragment that no
 # other view can predict) took digits-sizes from +5.5 to +23.3 points over random init (2 seeds); each alone gave
 # +11.7 and +9.9.

@@ -103,9 +103,9 @@ class MoCoV3(nn.Module):
 
 # The small recipe: solo-learn's CIFAR recipe (scripts/pretrain/cifar/mocov3.yaml: temperature 0.2, heads 4096 -> 256,
 # asymmetric views without blur), with lightly's CIFAR optimiser (SGD, wd 5e-4) instead of LARS at trust 0.02; lr 0.3
-# per 256 is lightly's MoCo step in this loss's units (stages/recipes.py's docstring). The probe (SGD, wd 5e-4,
-# temperature 0.2) gained 6 points over the paper recipe at 1,400 steps. Changed here, by the H200 sweeps in README
-# "Recipes": EMA from 0.9 instead of solo-learn's 0.99 (a key encoder averaging ~10 steps, not ~100, keeps up with a
+# per 256 is lightly's MoCo step in this loss's units (stages/recipes.py's docstring). SGD, wd 5e-4 and temperature
+# 0.2 gained 6 points over the paper recipe at 1,400 steps. Two changes from the H200 sweeps in docs/recipes.md:
+# EMA from 0.9 instead of solo-learn's 0.99 (a key encoder averaging ~10 steps, not ~100, keeps up with a
 # run of a few hundred steps: +13 points on digits-sizes) and crops from 25 % of the image, not 8 % (+12 more there).
 SPEC = MethodSpec(
     name="mocov3", title="MoCo v3", build=MoCoV3,

@@ -32,7 +32,7 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Ten
     own = torch.cat([i, i + n * world]) + rank * n  # each row's own column in `everything`
     # A view is not its own negative. A mask and masked_fill, not `logits[rows, own] = -inf`: that indexed write
     # turns the Python -inf into a device tensor by a copy that waits for the GPU, twice a step (forward and
-    # backward), leaving the GPU idle meanwhile (BENCHMARKS.md).
+    # backward), leaving the GPU idle meanwhile (docs/benchmarks.md).
     own_column = own[:, None] == torch.arange(logits.shape[1], device=z.device)[None, :]
     logits = logits.masked_fill(own_column, float("-inf"))
     targets = torch.cat([own[n:], own[:n]])

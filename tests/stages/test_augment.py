@@ -57,7 +57,7 @@ def test_a_seed_draws_what_it_drew_in_earlier_versions():
     """A seed names one run: a result published with `--seed S` must reproduce on a later version, so how the
     run seed, epoch and image (or batch) mix into the generators' seeds is pinned here, recorded from this version.
     Changing any mixing constant draws other, equally random views and batch orders, which every property test
-    above accepts; this is the one test that sees it. Re-pin only on purpose, and say in README that old seeds
+    above accepts; this is the one test that sees it. Re-pin only on purpose, and say in the docs that old seeds
     no longer reproduce. Seeds of 2**40 and 2**41 reach the moduli (a 2**64 modulus would leave numpy a different
     seed)."""
     from stages import device_augment
@@ -113,7 +113,7 @@ def test_an_op_of_probability_p_happens_on_draws_below_p_only(p, draw, on):
     assert [row[k] for k in SWITCHES] == [params[k].item() for k in SWITCHES] == [on] * 5
 
 
-# ---- issue 17: the uint8 training path (augment.uint8_view, preprocess.PilPreprocess) against the float reference
+# ---- the uint8 training path (augment.uint8_view, preprocess.PilPreprocess) against the float reference
 
 import itertools  # noqa: E402
 

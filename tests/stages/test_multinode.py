@@ -1,5 +1,5 @@
 """Several hosts: `torchrun --nnodes 2 --node-rank R --rdzv-endpoint HOST:PORT -m pipeline pretrain ...`, as a user
-launches it across machines (README, "Several GPUs"), played here by two CPU processes over gloo on loopback, one
+launches it across machines (docs/multi-gpu.md), played here by two CPU processes over gloo on loopback, one
 per "node". The two-node run equals the one-node two-process run (`--gpus 2`) loss for loss and weight for weight,
 only global rank 0 writes, and a two-node run stopped early and resumed ends where the uninterrupted run does."""
 

@@ -1,4 +1,4 @@
-"""Preprocessing backends (issue 8): which one --preprocess picks and why, one-line errors where Core ML cannot run,
+"""Preprocessing backends: which one --preprocess picks and why, one-line errors where Core ML cannot run,
 the Core ML backend against the torch one through the whole view (Core ML stood in for by the reference evaluator
 running the same packages), pretraining with --preprocess auto on Linux, and `pipeline bench --preprocess`."""
 

@@ -146,7 +146,7 @@ def test_warm_up_is_the_papers_ten_epochs_at_most_a_tenth_of_the_run(epochs, exp
 
 def test_byol_small_centres_its_projections_and_speeds_its_predictor(tmp_path):
     """BYOL's small recipe: BN on the projector's output, the predictor at 10 x the rate, EMA from 0.9 and crops from
-    25 % (README "Recipes": the H200 sweeps); the paper recipe keeps the paper's plain projector, one rate, EMA 0.99
+    25 % (docs/recipes.md: the H200 sweeps); the paper recipe keeps the paper's plain projector, one rate, EMA 0.99
     and crops from 8 %; methods without the option leave it unset; a flag wins, and the run records what it trained
     with."""
     small = resolve(PretrainConfig(method="byol", recipe="small"))

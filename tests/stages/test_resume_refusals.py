@@ -1,4 +1,4 @@
-"""`--resume` refuses every change that would make the checkpoint meaningless (README: method, backbone, image
+"""`--resume` refuses every change that would make the checkpoint meaningless (docs/pretrain.md: method, backbone, image
 size, batch size, data; and the other recorded fields that shape the model, the split or the draws), each named in
 one line, before anything is trained or written. Changes that are fine (more epochs, a step limit) are accepted."""
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 6 / issue 7 measurements on an H200 machine, from the repository root. Each line is one `pipeline bench`
+# The throughput lines of docs/benchmarks.md on a CUDA machine, from the repository root. Each line is one `pipeline bench`
 # process printing one JSON line; all are collected in $OUT/bench.jsonl (default ./bench-results).
-# Usage: benchmarks/issue6_7.sh PART [PART ...]   (default: usual device scaling)
+# Usage: benchmarks/bench_gpu.sh PART [PART ...]   (default: usual device scaling)
 #   usual:   the project's CPU-worker augmentation (15 DataLoader workers), NCHW: the usual recipe + NCHW ceiling
 #   device:  device augmentation, channels_last, one GPU (CUDA_VISIBLE_DEVICES=0)
 #   scaling: the same on 2 GPUs (weak scaling: the same per-GPU batch, global batch doubled); needs 2 GPUs
