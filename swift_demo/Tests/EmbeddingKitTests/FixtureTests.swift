@@ -29,6 +29,23 @@ final class FixtureTests: XCTestCase {
         }
     }
 
+    func testACameraFrameBufferCropsByteForByteAsItsRGBBytes() throws {
+        for (i, q) in set.manifest.queries.enumerated() {
+            let (buffer, orientation) = try set.buffer(i)
+            let rgb = Pixels.rgb(from: buffer)
+            let fromRGB = Pixels.pipelineCrop(try PixelBuffer(width: rgb.width, height: rgb.height, layout: .rgb, bytes: rgb.pixels),
+                                              orientation: orientation, size: set.manifest.imageSize)
+            XCTAssertEqual(fromRGB, set.expectedCrop(i), "query \(i)")
+            for layout in [PixelLayout.bgra, .rgba] {
+                for padding in [0, 4, 60] {  // CVPixelBuffer rows are padded to an alignment
+                    let frame = framePixels(rgb, layout: layout, padding: padding)
+                    XCTAssertEqual(Pixels.pipelineCrop(frame, orientation: orientation, size: set.manifest.imageSize), fromRGB,
+                                   "query \(i) \(q.width)x\(q.height) as \(layout) padded by \(padding)")
+                }
+            }
+        }
+    }
+
     func testWeightedKNNMatchesStagesKnn() {
         let e = set.manifest.expected
         XCTAssertEqual(e.weightedK, Classifiers.weightedK)
