@@ -112,7 +112,8 @@ public actor DemoEngine {
     let golden: FixtureSet?
     let models: ModelDirectory
     public private(set) var model: LoadedModel?
-    var file: IndexFile?
+    var file: IndexFile? { didSet { bank = nil } }
+    private var bank: LabelledBank?  // made again after every change of the index, on the next query
     private var last: Task<Void, Never>?
 
     /// `folder`: Application Support on the iPad (Models/, Photos/, photos.ekix); `golden`: the app's copy of the
@@ -303,6 +304,7 @@ public actor DemoEngine {
                 records.append(IndexRecord(id: id, label: label, vector: v))
             }
             try file.append(records)
+            bank = nil
             added += records.count
             progress?(min(start + batchSize, photos.count), photos.count)
         }
@@ -334,30 +336,29 @@ public actor DemoEngine {
 
     private func answer(_ pixels: PixelBuffer, _ orientation: ExifOrientation, top: Int, threshold: Double) async throws -> Answer {
         guard let model, let index = file?.index else { throw EngineError.noModel }
-        return try await Self.answer(pixels, orientation, model.embedder, index, top: top, threshold: threshold)
+        let prepared = bank ?? LabelledBank(index)
+        bank = prepared
+        return try await Self.answer(pixels, orientation, model.embedder, prepared, top: top, threshold: threshold)
     }
 
     /// Off the actor: a batch of photos going in does not hold up the live screen.
-    static func answer(_ pixels: PixelBuffer, _ orientation: ExifOrientation, _ embedder: any ImageEmbedder, _ index: EmbeddingIndex,
+    static func answer(_ pixels: PixelBuffer, _ orientation: ExifOrientation, _ embedder: any ImageEmbedder, _ bank: LabelledBank,
                        top: Int, threshold: Double) async throws -> Answer {
+        guard !bank.isEmpty else { throw EngineError.failedCheck(["no stored photos to compare with"]) }
         let clock = ContinuousClock()
         let t0 = clock.now
         let crop = Pixels.pipelineCrop(pixels, orientation: orientation, size: embedder.imageSize)
         let t1 = clock.now
         let v = try await embedder.embed(crop)
         let t2 = clock.now
-        let classes = Array(Set(index.records.map(\.label))).sorted()
-        let position = Dictionary(uniqueKeysWithValues: classes.enumerated().map { ($1, $0) })
-        let bank = index.records.map(\.vector), labels = index.records.map { position[$0.label]! }
-        guard !bank.isEmpty else { throw EngineError.failedCheck(["no stored photos to compare with"]) }
-        let knn = Classifiers.knn(v, bank: bank, labels: labels, classes: classes.count)
-        let c = NearestCentroid(bank: bank, labels: labels, classes: classes.count, threshold: threshold).predict(v)!
-        let hits = try index.search(v, top: top).map { Hit(id: $0.record.id, label: $0.record.label, similarity: $0.similarity) }
+        let (knn, centroid, nearest) = bank.answer(v, top: top, threshold: threshold)
+        let c = centroid!
         let t3 = clock.now
         func ms(_ d: Duration) -> Double { Double(d.components.seconds) * 1e3 + Double(d.components.attoseconds) * 1e-15 }
-        return Answer(knnLabel: classes[knn.label], knnShare: knn.scores[knn.label] / max(knn.scores.reduce(0, +), 1e-300),
-                      centroidLabel: c.label.map { classes[$0] }, centroidNearest: classes[c.nearest], centroidCosine: c.cosine,
-                      neighbours: hits, cropMs: ms(t1 - t0), embedMs: ms(t2 - t1), classifyMs: ms(t3 - t2))
+        return Answer(knnLabel: bank.classes[knn.label], knnShare: knn.scores[knn.label] / max(knn.scores.reduce(0, +), 1e-300),
+                      centroidLabel: c.label.map { bank.classes[$0] }, centroidNearest: bank.classes[c.nearest], centroidCosine: c.cosine,
+                      neighbours: nearest.map { Hit(id: bank.ids[$0.index], label: bank.classes[bank.labels[$0.index]], similarity: $0.similarity) },
+                      cropMs: ms(t1 - t0), embedMs: ms(t2 - t1), classifyMs: ms(t3 - t2))
     }
 
     // ------------------------------------------------------------ self-test

@@ -89,6 +89,21 @@ final class FixtureTests: XCTestCase {
         }
     }
 
+    func testAPreparedBankAnswersExactlyAsTheClassifiers() throws {
+        let index = try set.bankIndex()
+        let bank = LabelledBank(index)
+        XCTAssertEqual(bank.classes, Array(Set(set.manifest.bank.map { set.manifest.classes[$0.label] })).sorted())
+        let threshold = set.manifest.expected.centroidThreshold
+        let centroid = NearestCentroid(bank: index.records.map(\.vector), labels: bank.labels, classes: bank.classes.count, threshold: threshold)
+        for q in set.queryEmbeddings {
+            let a = bank.answer(q, top: 5, threshold: threshold)
+            XCTAssertEqual(a.knn, Classifiers.knn(q, bank: index.records.map(\.vector), labels: bank.labels, classes: bank.classes.count))
+            XCTAssertEqual(a.centroid, centroid.predict(q))
+            XCTAssertEqual(a.nearest.map { bank.ids[$0.index] }, try index.search(q, top: 5).map(\.record.id))
+            XCTAssertEqual(a.nearest.map(\.similarity), try index.search(q, top: 5).map(\.similarity))
+        }
+    }
+
     func testParityMetricsAndGatesMatchValidate() throws {
         XCTAssertFalse(set.manifest.parity.variants.isEmpty)
         for (name, want) in set.manifest.parity.variants {
