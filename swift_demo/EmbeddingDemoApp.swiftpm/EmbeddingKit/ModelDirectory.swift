@@ -16,10 +16,12 @@ public struct ModelDirectory: Sendable {
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
     }
 
-    /// The installed model's folder; nil before the first install (or if its folder is gone).
-    public func installed() -> URL? {
-        guard let data = try? Data(contentsOf: pointer), let name = String(data: data, encoding: .utf8),
-              !name.isEmpty, !name.contains("/") else { return nil }
+    /// The installed model's folder; nil before the first install (or if its folder is gone). A pointer that exists
+    /// but cannot be read is an error, never "nothing installed": removeStale would then remove the model.
+    public func installed() throws -> URL? {
+        guard FileManager.default.fileExists(atPath: pointer.path) else { return nil }
+        let name = String(decoding: try Data(contentsOf: pointer), as: UTF8.self)
+        guard !name.isEmpty, !name.contains("/") else { throw ModelDirectoryError.badPointer(name) }
         let url = folder.appendingPathComponent(name, isDirectory: true)
         return FileManager.default.fileExists(atPath: url.path) ? url : nil
     }
@@ -34,7 +36,7 @@ public struct ModelDirectory: Sendable {
 
     /// Makes `staged` the installed model. The previous one's folder stays until `removeStale`.
     public func install(_ staged: URL) throws {
-        guard staged.deletingLastPathComponent().standardizedFileURL == folder.standardizedFileURL,
+        guard staged.deletingLastPathComponent().standardizedFileURL.path == folder.standardizedFileURL.path,
               FileManager.default.fileExists(atPath: staged.path) else {
             throw ModelDirectoryError.notStaged(staged.path)
         }
@@ -43,13 +45,17 @@ public struct ModelDirectory: Sendable {
 
     /// Removes a staged model that failed; the installed one is never removed.
     public func discard(_ staged: URL) {
-        guard staged.standardizedFileURL != installed()?.standardizedFileURL else { return }
-        try? FileManager.default.removeItem(at: staged)  // a leftover is removed by the next removeStale
+        do {
+            guard try installed()?.standardizedFileURL.path != staged.standardizedFileURL.path else { return }
+            try FileManager.default.removeItem(at: staged)
+        } catch {
+            // Left in place: the next removeStale removes every folder but the installed one.
+        }
     }
 
     /// Every folder but the installed model's: staged models of failed or interrupted imports, replaced models.
     public func removeStale() throws {
-        let keep = installed()?.lastPathComponent
+        let keep = try installed()?.lastPathComponent
         for name in try FileManager.default.contentsOfDirectory(atPath: folder.path) where name != "current" && name != keep {
             try FileManager.default.removeItem(at: folder.appendingPathComponent(name))
         }
@@ -58,10 +64,12 @@ public struct ModelDirectory: Sendable {
 
 public enum ModelDirectoryError: Error, CustomStringConvertible, Equatable {
     case notStaged(String)
+    case badPointer(String)
 
     public var description: String {
         switch self {
         case .notStaged(let path): return "\(path) is not a model staged in the models folder"
+        case .badPointer(let name): return "the models folder's pointer names \"\(name)\", not a model folder"
         }
     }
 }

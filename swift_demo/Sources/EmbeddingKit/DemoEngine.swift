@@ -160,17 +160,24 @@ public actor DemoEngine {
     /// At launch: the installed model and the photo index, re-embedded if they are of different encoders (an
     /// import interrupted after its swap). One line per thing worth saying.
     public func start(progress: (@Sendable (Int, Int) -> Void)? = nil) async -> [String] {
-        (try? await serially { await self.startNow(progress) }) ?? []  // startNow throws nothing
+        do { return try await serially { await self.startNow(progress) } } catch { return ["\(error)"] }
     }
 
     private func startNow(_ progress: (@Sendable (Int, Int) -> Void)?) async -> [String] {
         var notes: [String] = []
         do { try models.removeStale() } catch { notes.append("old models not removed: \(error)") }
-        guard let url = models.installed() else { return notes }
+        let url: URL
         do {
+            guard let installed = try models.installed() else { return notes }
+            url = installed
             model = try await loader.load(url, preferring: .all)
         } catch {
             return notes + ["the installed model does not load: \(error)"]
+        }
+        do {
+            try await verify(model!)  // also its first predictions, so the first frame is not the slow one
+        } catch {
+            notes.append("the installed model fails its check now: \(error)")
         }
         return notes + (await openIndexOrSay(progress))
     }

@@ -222,6 +222,22 @@ final class EngineTests: XCTestCase {
         XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: third.stagingFolder.path).sorted(), [other.lastPathComponent, "current"].sorted())
     }
 
+    func testAPointerThatCannotBeReadRemovesNoModel() throws {
+        let models = try ModelDirectory(folder: dir.appendingPathComponent("Models"))
+        let compiled = dir.appendingPathComponent("m.mlmodelc")
+        try FileManager.default.createDirectory(at: compiled, withIntermediateDirectories: true)
+        let staged = try models.stage(compiled)
+        XCTAssertNil(try models.installed())
+        try models.install(staged)
+        XCTAssertEqual(try models.installed(), staged)
+        XCTAssertThrowsError(try models.install(compiled)) { XCTAssertEqual($0 as? ModelDirectoryError, .notStaged(compiled.path)) }
+        try Data("../elsewhere".utf8).write(to: models.folder.appendingPathComponent("current"))
+        XCTAssertThrowsError(try models.removeStale())
+        XCTAssertTrue(FileManager.default.fileExists(atPath: staged.path))
+        models.discard(staged)
+        XCTAssertTrue(FileManager.default.fileExists(atPath: staged.path), "unsure what is installed: nothing is removed")
+    }
+
     func testCameraFramesAndPhotosReachTheModelThroughTheSameCrop() async throws {
         let engine = try engine()
         _ = try await engine.install(staged: try stage(engine, FakeSpec(kind: .golden, sha: goldenSHA)))
