@@ -157,6 +157,14 @@ final class DemoCommandTests: XCTestCase {
         }
     }
 
+    func testBenchMeasuresEachStep() {
+        var out: [String] = []
+        XCTAssertEqual(DemoCommand.run(["bench", "40", "8", "64"]) { out.append($0) }, 0, out.joined(separator: "\n"))
+        XCTAssertEqual(out.count, 8)
+        XCTAssertTrue(out.allSatisfy { $0.hasSuffix(" ms CPU") }, out.joined(separator: "\n"))
+        XCTAssertEqual(DemoCommand.run(["bench", "0"]) { out.append($0) }, 2)
+    }
+
     func testBadInputIsOneErrorLineAndStatus2() {
         var out: [String] = []
         XCTAssertEqual(DemoCommand.run(["check", "/nonexistent"]) { out.append($0) }, 2)
