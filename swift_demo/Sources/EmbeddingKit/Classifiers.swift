@@ -25,10 +25,15 @@ public enum Classifiers {
 
     /// The k rows most cosine-similar to `query`, most similar first; equal similarities in row order.
     public static func nearest(_ query: [Float], in bank: [[Float]], k: Int) -> [Neighbour] {
+        nearest(query, inNormalized: bank.map(Vectors.normalized), k: k)
+    }
+
+    /// The same, for rows already normalised (Vectors.normalized): a bank prepared once for many queries.
+    public static func nearest(_ query: [Float], inNormalized unit: [[Float]], k: Int) -> [Neighbour] {
         let q = Vectors.normalized(query)
-        let sims = bank.map { Vectors.dot(q, Vectors.normalized($0)) }
+        let sims = unit.map { Vectors.dot(q, $0) }
         let order = sims.indices.sorted { sims[$0] > sims[$1] || (sims[$0] == sims[$1] && $0 < $1) }
-        return order.prefix(max(0, min(k, bank.count))).map { Neighbour(index: $0, similarity: sims[$0]) }
+        return order.prefix(max(0, min(k, unit.count))).map { Neighbour(index: $0, similarity: sims[$0]) }
     }
 
     /// First index of the largest score: the lowest class wins a tie.
@@ -42,10 +47,13 @@ public enum Classifiers {
     public static func knn(_ query: [Float], bank: [[Float]], labels: [Int], classes: Int,
                            k: Int = weightedK, temperature: Double? = temperature) -> Vote {
         precondition(bank.count == labels.count, "one label per bank row")
+        return vote(nearest(query, in: bank, k: k), labels: labels, classes: classes, temperature: temperature)
+    }
+
+    /// The votes of `neighbours` (most similar first, as `nearest` gives them).
+    public static func vote(_ neighbours: [Neighbour], labels: [Int], classes: Int, temperature: Double? = temperature) -> Vote {
         var scores = [Double](repeating: 0, count: classes)
-        for n in nearest(query, in: bank, k: k) {
-            scores[labels[n.index]] += temperature.map { exp(n.similarity / $0) } ?? 1
-        }
+        for n in neighbours { scores[labels[n.index]] += temperature.map { exp(n.similarity / $0) } ?? 1 }
         return Vote(label: argmax(scores), scores: scores)
     }
 
@@ -90,5 +98,35 @@ public struct NearestCentroid: Sendable {
         }
         guard let (c, s) = best else { return nil }
         return Prediction(nearest: c, cosine: s, label: s >= threshold ? c : nil)
+    }
+}
+
+/// Stored embeddings prepared once for many queries (every camera frame): rows normalised, classes numbered
+/// (sorted names), centroids made. Its answers are those of Classifiers and NearestCentroid on the same rows.
+public struct LabelledBank: Sendable {
+    public let classes: [String]
+    public let ids: [String]
+    public let labels: [Int]
+    let unit: [[Float]]
+    let centroids: NearestCentroid
+
+    public init(_ index: EmbeddingIndex) {
+        classes = Array(Set(index.records.map(\.label))).sorted()
+        let position = Dictionary(uniqueKeysWithValues: classes.enumerated().map { ($1, $0) })
+        ids = index.records.map(\.id)
+        labels = index.records.map { position[$0.label]! }
+        unit = index.records.map { Vectors.normalized($0.vector) }
+        centroids = NearestCentroid(bank: index.records.map(\.vector), labels: labels, classes: classes.count, threshold: 0)
+    }
+
+    public var isEmpty: Bool { unit.isEmpty }
+
+    /// Weighted kNN, the nearest centroid at `threshold`, and the `top` nearest rows: one scan of the bank.
+    public func answer(_ query: [Float], top: Int, threshold: Double) -> (knn: Vote, centroid: NearestCentroid.Prediction?, nearest: [Neighbour]) {
+        let neighbours = Classifiers.nearest(query, inNormalized: unit, k: max(Classifiers.weightedK, top))
+        var c = centroids
+        c.threshold = threshold
+        return (Classifiers.vote(Array(neighbours.prefix(Classifiers.weightedK)), labels: labels, classes: classes.count),
+                c.predict(query), Array(neighbours.prefix(top)))
     }
 }

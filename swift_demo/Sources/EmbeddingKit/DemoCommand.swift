@@ -6,6 +6,7 @@
 //   embedding-demo index FOLDER OUT.ekix        the bank rows as an index file
 //   embedding-demo search INDEX FOLDER QUERY [--top N]   a query's nearest stored embeddings
 //   embedding-demo classify INDEX FOLDER        every query: weighted kNN, majority, nearest centroid
+//   embedding-demo bench [RECORDS] [DIM] [PHOTO_WIDTH]   the app's index and crop costs on synthetic data
 
 import Foundation
 
@@ -15,6 +16,7 @@ public enum DemoCommand {
                embedding-demo index FOLDER OUT.ekix
                embedding-demo search INDEX FOLDER QUERY [--top N]
                embedding-demo classify INDEX FOLDER
+               embedding-demo bench [RECORDS] [DIM] [PHOTO_WIDTH]   (default 5000 512 4032)
         FOLDER is written by `pipeline swift-fixtures` (swift_demo/Tests/EmbeddingKitTests/Fixtures).
         """
 
@@ -46,6 +48,12 @@ public enum DemoCommand {
                 let set = try FixtureSet(folder: url(args[2]))
                 let index = try EmbeddingIndex.load(from: url(args[1]), expectedEncoder: set.manifest.encoderSha256)
                 classify(index: index, set: set, say: say)
+                return 0
+            case "bench" where args.count <= 4:
+                let given = args.dropFirst().map { Int($0) ?? 0 }
+                guard given.allSatisfy({ $0 > 0 }) else { throw FixtureError("RECORDS, DIM and PHOTO_WIDTH must be positive integers") }
+                let n = given + [5000, 512, 4032].dropFirst(given.count)
+                try Bench.run(records: n[0], dimension: n[1], photoWidth: n[2], say: say)
                 return 0
             default:
                 say(usage)

@@ -1,17 +1,15 @@
 // The app's store of labelled embeddings and its brute-force search (a few thousand photos: a linear scan of
 // 512-d dot products takes well under a frame).
 //
-// File format, version 1, little-endian:
-//   "EKIX"  magic (4 bytes)
-//   UInt32  version
-//   UInt32  dimension
-//   32 B    sha256 of the encoder.pt the embeddings were made with (the model's `encoder_sha256`)
-//   UInt32  record count
-//   records: UInt16 id length, id (UTF-8), UInt16 label length, label (UTF-8), dimension x Float32
-//   UInt32  CRC-32 of every byte before it
-// Written atomically (temp file + rename): a crash mid-save leaves the previous file. A file that is truncated,
-// corrupt, of another version or from another model is refused with an error saying which, and is left as it is:
-// nothing already stored is lost by trying to open it.
+// File format, version 2, little-endian. A header, then one frame per record, so that adding photos appends frames
+// (IndexFile) instead of rewriting the file, and a whole save writes exactly the bytes the appends would have:
+//   header, 48 bytes: "EKIX" magic, UInt32 version, UInt32 dimension, 32 B sha256 of the encoder.pt the embeddings
+//           were made with (the model's `encoder_sha256`), UInt32 CRC-32 of the 44 bytes before it
+//   frame:  UInt32 payload length n, n bytes of payload (UInt16 id length, id UTF-8, UInt16 label length,
+//           label UTF-8, dimension x Float32), UInt32 CRC-32 of the length and the payload
+// A frame counts only if it and every frame before it is whole (a write-ahead log's rule, as SQLite's WAL): a
+// crash mid-append leaves a torn last frame, which a reader drops and reports in `droppedBytes`. A bad header
+// (not an index, another version, another model, a failed CRC) is an error, and the file is left as it is.
 
 import Foundation
 
@@ -54,11 +52,12 @@ public enum IndexError: Error, CustomStringConvertible, Equatable {
 
 public struct EmbeddingIndex: Sendable {
     public static let magic: [UInt8] = Array("EKIX".utf8)
-    public static let version: UInt32 = 1
+    public static let version: UInt32 = 2
 
     public let dimension: Int
     public let encoderSHA256: String  // 64 hex digits
     public private(set) var records: [IndexRecord] = []
+    var ids: Set<String> = []  // a duplicate check in O(1): loading thousands of records stays linear
 
     public init(dimension: Int, encoderSHA256: String) {
         precondition(dimension > 0, "dimension must be positive")
@@ -68,14 +67,18 @@ public struct EmbeddingIndex: Sendable {
     }
 
     public mutating func add(_ record: IndexRecord) throws {
-        guard record.vector.count == dimension else { throw IndexError.dimensionMismatch(expected: dimension, got: record.vector.count) }
-        guard !records.contains(where: { $0.id == record.id }) else { throw IndexError.duplicateID(record.id) }
-        guard record.id.utf8.count <= 65_535 else { throw IndexError.tooLong("id") }
-        guard record.label.utf8.count <= 65_535 else { throw IndexError.tooLong("label") }
+        try check(record)
         records.append(record)
+        ids.insert(record.id)
     }
 
-    public mutating func removeAll() { records.removeAll() }
+    /// Why `record` cannot be added, if it cannot.
+    public func check(_ record: IndexRecord) throws {
+        guard record.vector.count == dimension else { throw IndexError.dimensionMismatch(expected: dimension, got: record.vector.count) }
+        guard !ids.contains(record.id) else { throw IndexError.duplicateID(record.id) }
+        guard record.id.utf8.count <= 65_535 else { throw IndexError.tooLong("id") }
+        guard record.label.utf8.count <= 65_535 else { throw IndexError.tooLong("label") }
+    }
 
     /// The `top` most similar records to `query` (cosine), most similar first.
     public func search(_ query: [Float], top: Int) throws -> [(record: IndexRecord, similarity: Double)] {
@@ -85,69 +88,91 @@ public struct EmbeddingIndex: Sendable {
 
     // ------------------------------------------------------------ bytes
 
+    public static let headerSize = 48
+
+    /// The whole file: header, then one frame per record, in order.
     public func serialized() -> Data {
+        var d = header()
+        for r in records { d.append(Self.frame(r)) }
+        return d
+    }
+
+    func header() -> Data {
         var d = Data(Self.magic)
         d.appendLE(Self.version)
         d.appendLE(UInt32(dimension))
         d.append(contentsOf: Self.shaBytes(encoderSHA256)!)
-        d.appendLE(UInt32(records.count))
-        for r in records {
-            for s in [r.id, r.label] {
-                d.appendLE(UInt16(s.utf8.count))
-                d.append(contentsOf: Array(s.utf8))
-            }
-            for v in r.vector { d.appendLE(v.bitPattern) }
-        }
         d.appendLE(CRC32.checksum(d))
         return d
     }
 
+    static func frame(_ r: IndexRecord) -> Data {
+        var payload = Data()
+        for s in [r.id, r.label] {
+            payload.appendLE(UInt16(s.utf8.count))
+            payload.append(contentsOf: Array(s.utf8))
+        }
+        for v in r.vector { payload.appendLE(v.bitPattern) }
+        var d = Data()
+        d.appendLE(UInt32(payload.count))
+        d.append(payload)
+        d.appendLE(CRC32.checksum(d))
+        return d
+    }
+
+    /// A file's records up to the first frame that is not whole, and how many bytes after it were dropped.
+    public struct Parsed: Sendable {
+        public let index: EmbeddingIndex
+        /// Bytes of the header and the whole frames: where the next append goes.
+        public let validLength: Int
+        /// Bytes after the last whole frame (a torn append); 0 for a file written to the end.
+        public var droppedBytes: Int
+    }
+
     /// Parse a file's bytes; `expectedEncoder` (the loaded model's sha256) refuses an index of another model.
-    public static func parse(_ data: Data, expectedEncoder: String? = nil) throws -> EmbeddingIndex {
-        var r = Reader(data: data)
+    public static func parse(_ data: Data, expectedEncoder: String? = nil) throws -> Parsed {
         guard data.count >= 4, Array(data.prefix(4)) == magic else { throw IndexError.notAnIndex("no EKIX magic") }
-        r.offset = 4
+        guard data.count >= headerSize else { throw IndexError.truncated("\(data.count) bytes, the header alone is \(headerSize)") }
+        var r = Reader(data: data, offset: 4)
         let version: UInt32 = try r.le("version")
         guard version == Self.version else { throw IndexError.unsupportedVersion(version) }
         let dim = Int(try r.le("dimension") as UInt32)
         let sha = try r.bytes(32, "encoder sha256").map { String(format: "%02x", $0) }.joined()
-        let count = Int(try r.le("record count") as UInt32)
+        let stored: UInt32 = try r.le("header checksum")
+        guard CRC32.checksum(data.prefix(headerSize - 4)) == stored else { throw IndexError.corrupt("header checksum mismatch") }
         guard dim > 0 else { throw IndexError.corrupt("dimension 0") }
-        // The checksum first: a flipped byte anywhere is "corrupt", not a misleading field error further on.
-        guard data.count >= r.offset + 4 else { throw IndexError.truncated("\(data.count) bytes") }
-        let stored = UInt32(littleEndian: data.suffix(4).withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) })
-        let body = data.prefix(data.count - 4)
-        if CRC32.checksum(body) != stored {
-            // A cut-off file fails the checksum too; tell the two apart by whether the records fit.
-            throw Self.recordsFit(data, from: r.offset, count: count, dim: dim)
-                ? IndexError.corrupt("checksum mismatch") : IndexError.truncated("\(count) records of \(dim)-d do not fit in \(data.count) bytes")
-        }
         if let expectedEncoder, expectedEncoder.lowercased() != sha {
             throw IndexError.otherModel(file: sha, expected: expectedEncoder.lowercased())
         }
         var index = EmbeddingIndex(dimension: dim, encoderSHA256: sha)
-        r.end = data.count - 4
-        for _ in 0..<count {
-            let id = try r.string("record id")
-            let label = try r.string("record label")
-            var v = [Float](repeating: 0, count: dim)
-            for i in 0..<dim { v[i] = Float(bitPattern: try r.le("vector")) }
-            do { try index.add(IndexRecord(id: id, label: label, vector: v)) } catch { throw IndexError.corrupt("\(error)") }
+        var valid = headerSize
+        while let (record, next) = frame(in: data, at: valid, dimension: dim) {
+            guard (try? index.add(record)) != nil else { break }  // a repeated id is damage, like a bad checksum
+            valid = next
         }
-        guard r.offset == r.end else { throw IndexError.corrupt("\(r.end - r.offset) bytes after the last record") }
-        return index
+        return Parsed(index: index, validLength: valid, droppedBytes: data.count - valid)
     }
 
-    static func recordsFit(_ data: Data, from start: Int, count: Int, dim: Int) -> Bool {
-        var r = Reader(data: data, offset: start, end: data.count - 4)
-        for _ in 0..<count {
-            guard (try? r.string("")) != nil, (try? r.string("")) != nil, (try? r.bytes(4 * dim, "")) != nil else { return false }
+    /// The whole frame at `start` and where the next one begins; nil if it is cut off or damaged.
+    static func frame(in data: Data, at start: Int, dimension: Int) -> (IndexRecord, Int)? {
+        var r = Reader(data: data, offset: start)
+        guard let n = try? r.le("frame length") as UInt32, Int(n) <= data.count - start - 8 else { return nil }
+        let end = start + 4 + Int(n)
+        let crcStart = data.startIndex + start
+        var tail = Reader(data: data, offset: end)
+        guard let stored = try? tail.le("frame checksum") as UInt32,
+              CRC32.checksum(data[crcStart..<(crcStart + 4 + Int(n))]) == stored else { return nil }
+        r.end = end
+        guard let id = try? r.string("id"), let label = try? r.string("label"), r.end - r.offset == 4 * dimension,
+              let raw = try? r.bytes(4 * dimension, "vector") else { return nil }
+        let v = (0..<dimension).map { i in
+            Float(bitPattern: UInt32(raw[4 * i]) | UInt32(raw[4 * i + 1]) << 8 | UInt32(raw[4 * i + 2]) << 16 | UInt32(raw[4 * i + 3]) << 24)
         }
-        return true
+        return (IndexRecord(id: id, label: label, vector: v), end + 4)
     }
 
     public static func load(from url: URL, expectedEncoder: String? = nil) throws -> EmbeddingIndex {
-        try parse(Data(contentsOf: url), expectedEncoder: expectedEncoder)
+        try parse(Data(contentsOf: url), expectedEncoder: expectedEncoder).index
     }
 
     /// Temp file + rename (Foundation's .atomic): the old file stays whole until the new one is complete.

@@ -4,7 +4,7 @@
 
 import Foundation
 
-public struct FixtureSet {
+public struct FixtureSet: Sendable {
     public struct BankEntry: Decodable, Sendable {
         public let id: Int
         public let source: String

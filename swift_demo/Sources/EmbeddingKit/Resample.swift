@@ -60,14 +60,17 @@ enum Resample {
     /// One output pixel of either pass: the `n` source pixels from `start`, `step` bytes apart, weighted by `k` in
     /// 22-bit fixed point (rounding half added first, as Pillow's), clipped to 8 bits into `out` at `o`.
     @inline(__always)
-    static func convolve(_ src: [UInt8], start: Int, step: Int, _ k: [Int], _ n: Int, into out: inout [UInt8], at o: Int) {
+    static func convolve(_ src: UnsafeBufferPointer<UInt8>, start: Int, step: Int, _ k: [Int], _ n: Int,
+                         into out: UnsafeMutableBufferPointer<UInt8>, at o: Int) {
         let half = 1 << (precisionBits - 1)
         var s0 = half, s1 = half, s2 = half
-        for i in 0..<n {
-            let p = start + i * step
-            s0 += Int(src[p]) * k[i]
-            s1 += Int(src[p + 1]) * k[i]
-            s2 += Int(src[p + 2]) * k[i]
+        k.withUnsafeBufferPointer { k in
+            for i in 0..<n {
+                let p = start + i * step
+                s0 += Int(src[p]) * k[i]
+                s1 += Int(src[p + 1]) * k[i]
+                s2 += Int(src[p + 2]) * k[i]
+            }
         }
         out[o] = clip8(s0)
         out[o + 1] = clip8(s1)
@@ -78,11 +81,14 @@ enum Resample {
     static func horizontal(_ src: [UInt8], width: Int, offset: Int, rows: Int, _ c: Coefficients) -> [UInt8] {
         let outW = c.bounds.count
         var out = [UInt8](repeating: 0, count: outW * rows * 3)
-        for y in 0..<rows {
-            for xx in 0..<outW {
-                let (xmin, n) = c.bounds[xx]
-                convolve(src, start: ((y + offset) * width + xmin) * 3, step: 3, c.weights[xx], n,
-                         into: &out, at: (y * outW + xx) * 3)
+        src.withUnsafeBufferPointer { src in
+            out.withUnsafeMutableBufferPointer { out in
+                for y in 0..<rows {
+                    for xx in 0..<outW {
+                        let (xmin, n) = c.bounds[xx]
+                        convolve(src, start: ((y + offset) * width + xmin) * 3, step: 3, c.weights[xx], n, into: out, at: (y * outW + xx) * 3)
+                    }
+                }
             }
         }
         return out
@@ -92,11 +98,14 @@ enum Resample {
     static func vertical(_ src: [UInt8], width: Int, _ c: Coefficients) -> [UInt8] {
         let outH = c.bounds.count
         var out = [UInt8](repeating: 0, count: width * outH * 3)
-        for yy in 0..<outH {
-            let (ymin, n) = c.bounds[yy]
-            for x in 0..<width {
-                convolve(src, start: (ymin * width + x) * 3, step: width * 3, c.weights[yy], n,
-                         into: &out, at: (yy * width + x) * 3)
+        src.withUnsafeBufferPointer { src in
+            out.withUnsafeMutableBufferPointer { out in
+                for yy in 0..<outH {
+                    let (ymin, n) = c.bounds[yy]
+                    for x in 0..<width {
+                        convolve(src, start: (ymin * width + x) * 3, step: width * 3, c.weights[yy], n, into: out, at: (yy * width + x) * 3)
+                    }
+                }
             }
         }
         return out

@@ -12,6 +12,16 @@ public protocol ImageEmbedder: Sendable {
     /// The precision whose gates apply: fp16 for an fp16 model or any run on the GPU / Neural Engine.
     var precision: Precision { get }
     func embed(_ image: RGBImage) async throws -> [Float]
+    /// Several inputs in one call (Core ML's batch prediction); one by one unless the encoder does better.
+    func embed(batch: [RGBImage]) async throws -> [[Float]]
+}
+
+extension ImageEmbedder {
+    public func embed(batch: [RGBImage]) async throws -> [[Float]] {
+        var out: [[Float]] = []
+        for image in batch { out.append(try await embed(image)) }
+        return out
+    }
 }
 
 public struct SelfTestResult: Sendable {

@@ -10,6 +10,8 @@ public enum ZipError: Error, CustomStringConvertible, Equatable {
     case unsupported(String)
     case corrupt(String)
     case unsafePath(String)
+    case noModel
+    case severalModels([String])
 
     public var description: String {
         switch self {
@@ -17,6 +19,8 @@ public enum ZipError: Error, CustomStringConvertible, Equatable {
         case .unsupported(let what): return "unsupported zip: \(what)"
         case .corrupt(let what): return "corrupt zip: \(what)"
         case .unsafePath(let name): return "zip entry \(name) would be written outside the target folder"
+        case .noModel: return "the zip holds no .mlpackage, .mlmodelc or .mlmodel"
+        case .severalModels(let roots): return "the zip holds \(roots.count) models (\(roots.joined(separator: ", "))): zip one"
         }
     }
 }
@@ -93,11 +97,11 @@ public struct ZipArchive {
         return out
     }
 
-    /// Every entry under `folder`, which is created.
-    public func extract(into folder: URL, inflate: (Data, Int) throws -> Data) throws {
+    /// Every entry under `folder` (which is created), or only those `keep` accepts.
+    public func extract(into folder: URL, inflate: (Data, Int) throws -> Data, keep: (Entry) -> Bool = { _ in true }) throws {
         let fm = FileManager.default
         try fm.createDirectory(at: folder, withIntermediateDirectories: true)
-        for e in entries {
+        for e in entries where keep(e) {
             let parts = e.name.split(separator: "/")
             if e.name.hasPrefix("/") || parts.contains("..") { throw ZipError.unsafePath(e.name) }
             let target = parts.reduce(folder) { $0.appendingPathComponent(String($1)) }
@@ -110,8 +114,37 @@ public struct ZipArchive {
         }
     }
 
+    /// The one model the zip holds (ModelInArchive.root), extracted alone under `folder`; its URL there.
+    public func extractModel(into folder: URL, inflate: (Data, Int) throws -> Data) throws -> URL {
+        guard let root = try ModelInArchive.root(entries.map(\.name)) else { throw ZipError.noModel }
+        try extract(into: folder, inflate: inflate) { $0.name == root || $0.name.hasPrefix(root + "/") }
+        return root.split(separator: "/").reduce(folder) { $0.appendingPathComponent(String($1)) }
+    }
+
     /// For callers without a deflate implementation (Linux tests): deflated entries are an error, not garbage.
     public static func storedOnly(_ data: Data, _ size: Int) throws -> Data {
         throw ZipError.unsupported("deflated entry: no inflater on this platform")
+    }
+}
+
+/// Which entry of a zip is the model. A zip made by the Finder holds a `__MACOSX/` twin of every folder
+/// (`__MACOSX/encoder.mlpackage/._Manifest.json`: resource forks, not a model), and an .mlpackage itself holds
+/// `Data/com.apple.CoreML/model.mlmodel`: so the model is the outermost folder or file named like one, outside
+/// `__MACOSX/` and hidden (`.`-prefixed, `._` AppleDouble) entries, and nothing inside it is looked at.
+public enum ModelInArchive {
+    public static let extensions: Set<String> = ["mlpackage", "mlmodelc", "mlmodel"]
+
+    /// The model's path inside the archive (no trailing slash); nil when there is none; several is an error.
+    public static func root(_ names: [String]) throws -> String? {
+        var roots: [String] = []
+        for name in names {
+            let parts = name.split(separator: "/").map(String.init)
+            if parts.contains(where: { $0 == "__MACOSX" || $0.hasPrefix(".") }) { continue }
+            guard let i = parts.firstIndex(where: { extensions.contains(($0 as NSString).pathExtension.lowercased()) }) else { continue }
+            let root = parts[...i].joined(separator: "/")
+            if !roots.contains(root) { roots.append(root) }
+        }
+        if roots.count > 1 { throw ZipError.severalModels(roots) }
+        return roots.first
     }
 }

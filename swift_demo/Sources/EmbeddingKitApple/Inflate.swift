@@ -1,7 +1,9 @@
 // Raw DEFLATE for ZipArchive, through Apple's Compression framework (COMPRESSION_ZLIB is RFC 1951 raw deflate).
 #if canImport(CoreML) && canImport(Compression)
 import Compression
+#if canImport(EmbeddingKit)
 import EmbeddingKit
+#endif
 import Foundation
 
 public enum Inflate {

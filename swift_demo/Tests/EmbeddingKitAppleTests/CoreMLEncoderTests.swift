@@ -20,23 +20,30 @@ final class CoreMLEncoderTests: XCTestCase {
         return URL(fileURLWithPath: dir)
     }
 
-    func compiled(_ name: String) async throws -> ImportedModel {
+    /// The import path of the app: copied, compiled, staged in a models folder of its own.
+    func staged(_ name: String) async throws -> URL {
         let source = try exportDir().appendingPathComponent(name)
         guard FileManager.default.fileExists(atPath: source.path) else { throw XCTSkip("\(source.path) does not exist") }
-        let store = try ModelStore(directory: FileManager.default.temporaryDirectory.appendingPathComponent("ekapple-\(UUID().uuidString)"))
-        return try await store.importModel(from: source)
+        let models = try ModelDirectory(folder: FileManager.default.temporaryDirectory.appendingPathComponent("ekapple-\(UUID().uuidString)"))
+        return try await ModelImport.stage(source, into: models)
     }
 
     func selfTest(_ name: String, _ choice: ComputeChoice) async throws {
         let set = try FixtureSet(folder: Self.fixtures)
-        let model = try await compiled(name)
-        XCTAssertEqual(model.encoderSHA256, set.manifest.encoderSha256, "fixtures are of another encoder: run `make swift-fixtures` for this run")
+        let model = try await CoreMLLoader().load(try await staged(name), preferring: choice)
+        XCTAssertEqual(model.embedder.encoderSHA256, set.manifest.encoderSha256, "fixtures are of another encoder: run `make swift-fixtures` for this run")
         let sidecar = try EncoderSidecar.parse(Data(contentsOf: try exportDir().appendingPathComponent("encoder.json")))
         XCTAssertEqual(MetadataCheck.mismatches(model: model.metadata, sidecar: sidecar, inputNames: model.inputNames, outputNames: model.outputNames), [])
-        let embedder = try CoreMLEmbedder(model, preferring: choice)
-        let result = try await SelfTest.run(embedder, crops: set.manifest.queries.indices.map(set.expectedCrop),
+        let result = try await SelfTest.run(model.embedder, crops: set.manifest.queries.indices.map(set.expectedCrop),
                                             reference: set.queryEmbeddings, referenceEncoder: set.manifest.encoderSha256)
-        XCTAssertTrue(result.passed, "\(name) on \(embedder.computeChoice): \(result.failures) \(result.metrics)")
+        XCTAssertTrue(result.passed, "\(name) on \(model.computeChoice): \(result.failures) \(result.metrics)")
+        // One batch prediction gives what single predictions give.
+        let crops = Array(set.manifest.queries.indices.prefix(5).map(set.expectedCrop))
+        let batch = try await model.embedder.embed(batch: crops)
+        for (crop, row) in zip(crops, batch) {
+            let single = try await model.embedder.embed(crop)
+            XCTAssertEqual(Parity.compare(reference: [single], output: [row])!.maxAbs, 0, accuracy: 1e-6)
+        }
     }
 
     func testMLPackageOnTheCPUPassesValidatesGates() async throws { try await selfTest("encoder.mlpackage", .cpuOnly) }
@@ -44,17 +51,15 @@ final class CoreMLEncoderTests: XCTestCase {
     func testMLModelOnTheCPUPassesValidatesGates() async throws { try await selfTest("encoder.mlmodel", .cpuOnly) }
     func testMLModelOnAllUnitsPassesValidatesGates() async throws { try await selfTest("encoder.mlmodel", .all) }
 
-    func testVisionCenterCropIsCloseToThePipelinesCrop() async throws {
-        let set = try FixtureSet(folder: Self.fixtures)
-        let model = try await compiled("encoder.mlpackage")
-        let vision = try VisionEmbedder(model, preferring: .cpuOnly)
-        let direct = try CoreMLEmbedder(model, preferring: .cpuOnly)
-        // The identity-size query: Vision has nothing to resample, so both paths must agree to fp16 tolerance.
-        let i = set.manifest.queries.firstIndex { $0.width == set.manifest.imageSize && $0.height == set.manifest.imageSize && $0.layout == .rgb }!
-        let crop = set.expectedCrop(i)
-        let viaVision = try await vision.embed(crop)  // through the same protocol as the direct encoder
-        let viaCrop = try await direct.embed(crop)
-        XCTAssertGreaterThan(Vectors.cosine(viaVision, viaCrop), 0.999)
+    func testTheComputePlanNamesAUnitPerOperation() async throws {
+        let url = try await staged("encoder.mlpackage")
+        guard let ops = try await CoreMLLoader().plan(url, for: .cpuAndNeuralEngine) else {
+            throw XCTSkip(ComputePlanSummary.unavailable)
+        }
+        let summary = ComputePlanSummary(ops)
+        XCTAssertGreaterThan(summary.dispatched, 0, "\(summary.lines)")
+        let cpu = try await CoreMLLoader().plan(url, for: .cpuOnly)!
+        XCTAssertEqual(ComputePlanSummary(cpu).share(.cpu).ops, ComputePlanSummary(cpu).dispatched, "a CPU-only plan puts every operation on the CPU")
     }
 }
 #endif

@@ -29,6 +29,23 @@ final class FixtureTests: XCTestCase {
         }
     }
 
+    func testACameraFrameBufferCropsByteForByteAsItsRGBBytes() throws {
+        for (i, q) in set.manifest.queries.enumerated() {
+            let (buffer, orientation) = try set.buffer(i)
+            let rgb = Pixels.rgb(from: buffer)
+            let fromRGB = Pixels.pipelineCrop(try PixelBuffer(width: rgb.width, height: rgb.height, layout: .rgb, bytes: rgb.pixels),
+                                              orientation: orientation, size: set.manifest.imageSize)
+            XCTAssertEqual(fromRGB, set.expectedCrop(i), "query \(i)")
+            for layout in [PixelLayout.bgra, .rgba] {
+                for padding in [0, 4, 60] {  // CVPixelBuffer rows are padded to an alignment
+                    let frame = framePixels(rgb, layout: layout, padding: padding)
+                    XCTAssertEqual(Pixels.pipelineCrop(frame, orientation: orientation, size: set.manifest.imageSize), fromRGB,
+                                   "query \(i) \(q.width)x\(q.height) as \(layout) padded by \(padding)")
+                }
+            }
+        }
+    }
+
     func testWeightedKNNMatchesStagesKnn() {
         let e = set.manifest.expected
         XCTAssertEqual(e.weightedK, Classifiers.weightedK)
@@ -69,6 +86,21 @@ final class FixtureTests: XCTestCase {
             let hits = try index.search(q, top: want.topIds.count)
             XCTAssertEqual(hits.map(\.record.id), want.topIds.map { "bank-\($0)" }, "query \(i)")
             for (hit, sim) in zip(hits, want.topSimilarities) { XCTAssertEqual(hit.similarity, sim, accuracy: 1e-5) }
+        }
+    }
+
+    func testAPreparedBankAnswersExactlyAsTheClassifiers() throws {
+        let index = try set.bankIndex()
+        let bank = LabelledBank(index)
+        XCTAssertEqual(bank.classes, Array(Set(set.manifest.bank.map { set.manifest.classes[$0.label] })).sorted())
+        let threshold = set.manifest.expected.centroidThreshold
+        let centroid = NearestCentroid(bank: index.records.map(\.vector), labels: bank.labels, classes: bank.classes.count, threshold: threshold)
+        for q in set.queryEmbeddings {
+            let a = bank.answer(q, top: 5, threshold: threshold)
+            XCTAssertEqual(a.knn, Classifiers.knn(q, bank: index.records.map(\.vector), labels: bank.labels, classes: bank.classes.count))
+            XCTAssertEqual(a.centroid, centroid.predict(q))
+            XCTAssertEqual(a.nearest.map { bank.ids[$0.index] }, try index.search(q, top: 5).map(\.record.id))
+            XCTAssertEqual(a.nearest.map(\.similarity), try index.search(q, top: 5).map(\.similarity))
         }
     }
 
@@ -123,6 +155,14 @@ final class DemoCommandTests: XCTestCase {
             XCTAssertEqual(cols[3], set.manifest.classes[want.majorityLabel], "query \(i) majority")
             XCTAssertEqual(cols[4], want.centroidLabel.map { set.manifest.classes[$0] } ?? "unknown", "query \(i) centroid")
         }
+    }
+
+    func testBenchMeasuresEachStep() {
+        var out: [String] = []
+        XCTAssertEqual(DemoCommand.run(["bench", "40", "8", "64"]) { out.append($0) }, 0, out.joined(separator: "\n"))
+        XCTAssertEqual(out.count, 8)
+        XCTAssertTrue(out.allSatisfy { $0.hasSuffix(" ms CPU") }, out.joined(separator: "\n"))
+        XCTAssertEqual(DemoCommand.run(["bench", "0"]) { out.append($0) }, 2)
     }
 
     func testBadInputIsOneErrorLineAndStatus2() {

@@ -27,6 +27,39 @@ final class ZipTests: XCTestCase {
     }
 }
 
+final class ModelInArchiveTests: XCTestCase {
+    let samples = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("ZipSamples")
+
+    func testAFinderZipGivesThePackageNotItsMacOSXTwin() throws {
+        let zip = try ZipArchive(data: Data(contentsOf: samples.appendingPathComponent("finder.zip")))
+        let names = zip.entries.map(\.name)
+        // The sample is laid out so that the first entry named like a model is the resource-fork twin.
+        XCTAssertTrue(names.first { ModelInArchive.extensions.contains(URL(fileURLWithPath: $0).pathExtension) }!.hasPrefix("__MACOSX/"))
+        XCTAssertEqual(try ModelInArchive.root(names), "encoder.mlpackage")
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ekmodel-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let model = try zip.extractModel(into: dir, inflate: ZipArchive.storedOnly)
+        XCTAssertEqual(model, dir.appendingPathComponent("encoder.mlpackage"))
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: dir.path), ["encoder.mlpackage"])
+        XCTAssertEqual(try Data(contentsOf: model.appendingPathComponent("Data/com.apple.CoreML/weights/weight.bin")), Data(0..<16))
+    }
+
+    func testTheOutermostModelIsChosenAndSeveralAreAnError() throws {
+        XCTAssertEqual(try ModelInArchive.root(["export/encoder.mlpackage/Data/com.apple.CoreML/model.mlmodel", "export/encoder.mlpackage/Manifest.json"]),
+                       "export/encoder.mlpackage")
+        XCTAssertEqual(try ModelInArchive.root(["._encoder.mlmodel", "encoder.mlmodel"]), "encoder.mlmodel")
+        XCTAssertEqual(try ModelInArchive.root(["Encoder.MLModelC/model.mil"]), "Encoder.MLModelC")
+        XCTAssertNil(try ModelInArchive.root(["readme.txt", "__MACOSX/encoder.mlpackage/._Manifest.json"]))
+        XCTAssertThrowsError(try ModelInArchive.root(["a.mlpackage/Manifest.json", "b.mlmodel"])) {
+            XCTAssertEqual($0 as? ZipError, .severalModels(["a.mlpackage", "b.mlmodel"]))
+        }
+        let zip = try ZipArchive(data: Data(contentsOf: samples.appendingPathComponent("escape.zip")))
+        XCTAssertThrowsError(try zip.extractModel(into: FileManager.default.temporaryDirectory, inflate: ZipArchive.storedOnly)) {
+            XCTAssertEqual($0 as? ZipError, .noModel)
+        }
+    }
+}
+
 final class ZipTruncationTests: XCTestCase {
     func testACutZipIsACorruptZipNeverAnIndexError() throws {
         let data = try Data(contentsOf: URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("ZipSamples/model.zip"))
