@@ -63,6 +63,7 @@ test: $(STAMP) browser
 # golden files for swift_demo/ from the run's export/encoder.pt (commit them; a pytest checks they are current)
 swift-fixtures: $(RUN)/export/encoder.json
 	$(BIN)/pipeline swift-fixtures --run $(RUN)
+	sh swift_demo/sync_app.sh
 
 # Debian's headless Chromium and its driver, for the report's and the job service's browser tests; installed only
 # when missing, and only as root (elsewhere those tests skip and say why; never a browser a test tool downloads).
