@@ -83,7 +83,16 @@ MUTANTS ?= stages.knn.x_[kwt]* stages.knn.x_majority* export.parity.* stages.val
            stages.augment.x_center_views* stages.device_augment.x_normalize* stages.device_augment.x__plan* \
            stages.device_augment.x_apply_views* stages.device_augment.x_resize_matrices* \
            stages.device_augment.x_blur_matrices* stages.device_augment.x_shift_hue* stages.device_augment.x__grey* \
-           stages.device_augment.x_colour* stages.device_augment.x_batch_seed* stages.device_augment.x_draw_params*
+           stages.device_augment.x_colour* stages.device_augment.x_batch_seed* stages.device_augment.x_draw_params* \
+           $(HELDOUT_MUTANTS)
+# what reads val images and what must never learn from them (tests/stages/test_heldout.py): the probes, C's selection,
+# the few-label draws, the features' extraction, the monitor, the report's retrieval and maps, validate's images
+HELDOUT_MUTANTS ?= stages.linear_eval.x_fit_probe* stages.linear_eval.x_choose_c* stages.linear_eval.x_linear_probe* \
+           stages.linear_eval.x_selection_splits* stages.linear_eval.x_holdout_split* stages.linear_eval.x__both* \
+           stages.linear_eval.x_few_label_probes* stages.linear_eval.x_per_class_subset* \
+           stages.linear_eval.x_cached_features* stages.knn.x_make_monitor* stages.report.x_retrieval* \
+           stages.report.x_cosine_neighbours* stages.report.x_embedding_map* stages.report.x_labels_of* \
+           stages.validate.x_val_images* stages.pretrain.x_train_split*
 mutation: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,mutation]' 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/mutmut run $(foreach m,$(MUTANTS),'$(m)')

@@ -1,0 +1,293 @@
+"""Held out means held out: no val row enters a fit, a bank, a selection or a normalisation statistic, wherever a
+number is reported on val images.
+
+Spies (tests/heldout_spies.py) record what each learner receives: every probe fit and the StandardScaler and
+logistic regression inside it, C's selection, every kNN bank (linear-eval's weighted and majority votes, the few-label
+draws, the pretraining monitor), the report's retrieval bank and embedding maps, validate's images. Each is held to
+exactly the train rows of the split. Beside the spies, a test that knows no mechanism: poisoning half of val moves
+no fit and not one score of the other half's rows, so no statistic over val rows (a scaler refit on val, a bank with
+val in it) can hide. Planted duplicates prove the checks can see a leak: a val image copied into train is found by
+the bank as its nearest neighbour, one copied within val never is.
+
+Small feature arrays and hand-made run directories only: these tests are in `make mutation`'s selection.
+tests/stages/test_heldout_stages.py runs the same checks through the stages on tiny trained runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from pipeline import rundir
+from pipeline.config import load_config, to_dict
+from stages import knn, linear_eval as le
+from stages.augment import center_views
+from stages.configs import EvalConfig, PretrainConfig
+from stages.data import load_data, make_split
+from tests.heldout_spies import assert_learned_from, positions, spy
+
+
+def _blobs(n_train=48, n_val=24, classes=4, dim=8, seed=0):
+    """Noisy class blobs (so C has something to decide), train and val as float32 tensors."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(classes, dim)) * 2
+    ty, vy = np.arange(n_train) % classes, np.arange(n_val) % classes
+    tx = centres[ty] + rng.normal(size=(n_train, dim)) * 1.5
+    vx = centres[vy] + rng.normal(size=(n_val, dim)) * 1.5
+    return torch.tensor(tx, dtype=torch.float32), ty, torch.tensor(vx, dtype=torch.float32), vy
+
+
+# --- linear-eval's probes: the linear probe, its C selection, the weighted and majority kNN
+
+def test_every_fit_scaler_and_bank_of_the_probes_is_train_rows_only(monkeypatch):
+    tx, ty, vx, vy = _blobs()
+    seen = spy(monkeypatch)
+    selected = []
+    real = le.choose_c
+    monkeypatch.setattr(le, "choose_c", lambda x, y, *a: selected.append((x, y)) or real(x, y, *a))
+    le.probes(tx, ty, vx, vy, 4, load_config(EvalConfig), seed=0)
+    assert_learned_from(seen, tx, ty, vx)
+    assert len(selected) == 1 and np.array_equal(selected[0][0], tx.double().numpy())  # C chosen on train alone
+    assert len(seen.fits) == len(le.C_GRID) + 1  # one held-out part per C, then the refit
+    final_x, final_y = seen.fits[-1]
+    assert np.array_equal(final_x, tx.double().numpy()) and np.array_equal(final_y, ty)  # refit on all of train
+    assert len(seen.banks) == 2  # weighted, majority
+    for bank, labels, queries in seen.banks:
+        assert torch.equal(bank, tx) and torch.equal(labels, torch.from_numpy(ty)) and torch.equal(queries, vx)
+
+
+def test_poisoned_val_rows_move_no_fit_and_no_other_rows_score(monkeypatch):
+    """Half of val replaced by far-off noise with shuffled labels: every fit and every bank is the same, and each
+    untouched val row's linear and kNN scores are the same to the last bit. A statistic over val rows (a scaler
+    fitted on val, a bank holding val, a C scored on val) would move them."""
+    tx, ty, vx, vy = _blobs(seed=1)
+    keep = len(vx) // 2
+    poisoned_x, poisoned_y = vx.clone(), vy.copy()
+    poisoned_x[keep:] = 40 * torch.randn(len(vx) - keep, vx.shape[1], generator=torch.Generator().manual_seed(9))
+    poisoned_y[keep:] = (vy[keep:] + 1) % 4
+    runs = []
+    for x, y in ((vx, vy), (poisoned_x, poisoned_y)):
+        with monkeypatch.context() as m:
+            seen = spy(m)
+            le.probes(tx, ty, x, y, 4, load_config(EvalConfig), seed=0)
+        runs.append(seen)
+    clean, poisoned = runs
+    assert len(clean.fits) == len(poisoned.fits) and len(clean.scores) == len(poisoned.scores) == 3
+    for (a, ay), (b, by) in zip(clean.fits, poisoned.fits):
+        assert np.array_equal(a, b) and np.array_equal(ay, by)
+    for (a, *_), (b, *_) in zip(clean.banks, poisoned.banks):
+        assert torch.equal(a, b)
+    for (a, _), (b, _) in zip(clean.scores, poisoned.scores):  # linear, weighted kNN, majority kNN
+        assert torch.equal(a[:keep], b[:keep])
+        assert not torch.equal(a[keep:], b[keep:])  # the poisoned rows did change: the comparison can see it
+
+
+def test_few_label_draws_fit_and_vote_on_their_own_train_rows_only(monkeypatch):
+    tx, ty, vx, vy = _blobs(n_train=60, seed=2)
+    feats = {"pretrained": (tx, vx), "random": (tx.flip(1), vx.flip(1))}
+    cfg = EvalConfig(labels_per_class=3, label_draws=3)
+    drawn = []
+    real = le.per_class_subset
+    monkeypatch.setattr(le, "per_class_subset", lambda labels, *a: drawn.append((labels, real(labels, *a))) or drawn[-1][1])
+    seen = spy(monkeypatch)
+    le.few_label_probes(feats, ty, vy, 4, list("abcd"), cfg, seed=0)
+    assert len(drawn) == 3
+    fits_per_probe, probe = len(le.C_GRID) * 3 + 1, 0  # 3 a class: stratified 3-fold for each C, then the refit
+    assert len(seen.fits) == 3 * 2 * fits_per_probe and len(seen.banks) == 3 * 2 * 2
+    for d, (labels, rows) in enumerate(drawn):
+        assert labels is ty  # drawn from the train labels, nothing else
+        assert np.bincount(ty[rows]).tolist() == [3] * 4 and rows.max() < len(ty)
+        for w in ("pretrained", "random"):
+            part = feats[w][0][torch.as_tensor(rows)]
+            fits = seen.fits[probe * fits_per_probe:(probe + 1) * fits_per_probe]
+            for x, y in fits:  # every fit of this probe: rows of this draw only
+                pos = positions(x, part)
+                assert (pos >= 0).all() and np.array_equal(y, ty[rows][pos])
+            assert np.array_equal(fits[-1][0], part.double().numpy())  # the refit: the whole draw
+            for bank, bank_y, queries in seen.banks[2 * probe: 2 * probe + 2]:
+                assert torch.equal(bank, part) and torch.equal(bank_y, torch.from_numpy(ty[rows]))
+                assert torch.equal(queries, feats[w][1])
+            probe += 1
+    assert len(seen.scalers) == len(seen.classifiers) == len(seen.fits)  # each scaler on its own fit's rows
+    assert all(at is not None and np.array_equal(x, seen.fits[at][0]) for x, at in seen.scalers)
+
+
+# --- a stand-in backbone: features are a fixed linear map of the pixels, so identical images give identical rows
+
+def _backbone(size: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * size * size, 16))
+
+
+def _data(n=24, size=8):
+    data = load_data(f"synthetic:{n}", size, seed=0)
+    return data, make_split(data, 0.25, seed=0)
+
+
+def _plant(data, split, where: str):
+    """Copy val image 0 over another image (its pixels only, its source and label kept): over val image 1 ("val",
+    a duplicate held out twice) or over train image 0 ("train", a duplicate the bank holds). Returns (v, twin)."""
+    v, twin = split["val"][0], split["val" if where == "val" else "train"][1 if where == "val" else 0]
+    data.images[twin] = data.images[v]
+    return v, twin
+
+
+def _near(a: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Which rows equal `a` up to float32 rounding (distinct images are far apart)."""
+    return ((rows - a).abs().max(dim=1).values <= 1e-5 * a.abs().max()).nonzero().flatten()
+
+
+@pytest.mark.parametrize("where", ["val", "train"])
+def test_the_monitor_banks_the_train_images_and_finds_a_planted_duplicate_only_there(monkeypatch, where):
+    data, split = _data()
+    v, twin = _plant(data, split, where)
+    net, cpu = _backbone(8), torch.device("cpu")
+    extracted, voted = [], []
+    real_extract, real_vote = knn.extract_features, knn.weighted_knn_top1
+    monkeypatch.setattr(knn, "extract_features", lambda b, images, *a: extracted.append(images) or real_extract(b, images, *a))
+    monkeypatch.setattr(knn, "weighted_knn_top1", lambda *a, **k: voted.append(a) or real_vote(*a, **k))
+    top1 = knn.make_monitor(data, split, 8, cpu, lambda *_: None)(net)
+    train, val = (torch.as_tensor(split[p]) for p in ("train", "val"))
+    assert len(extracted) == 2 and torch.equal(extracted[0], data.images[train]) and torch.equal(extracted[1], data.images[val])
+    bank, bank_y, queries, query_y, _ = voted[0]
+    assert torch.equal(bank_y, data.labels[train]) and torch.equal(query_y, data.labels[val])
+    v_feature = real_extract(net, data.images[[v]], 8, cpu)[0]
+    found = _near(v_feature, bank)
+    if where == "val":
+        assert len(found) == 0  # held out twice, banked never
+    else:
+        assert found.tolist() == [split["train"].index(twin)]  # the check can see a duplicate the bank holds
+    assert top1 == real_vote(real_extract(net, data.images[train], 8, cpu), data.labels[train],
+                             real_extract(net, data.images[val], 8, cpu), data.labels[val], len(data.classes))
+
+
+# --- what linear-eval and pretraining extract and train on
+
+def test_cached_features_extract_train_then_val_images_of_the_split(tmp_path, monkeypatch):
+    data, split = _data()
+    v, twin = _plant(data, split, "val")
+    extracted = []
+    real = le.extract_features
+    monkeypatch.setattr(le, "extract_features", lambda b, images, *a: extracted.append(images) or real(b, images, *a))
+    net = _backbone(8)
+    train, val, _ = le.cached_features(tmp_path / "f.pt", net, 0, data, split, 8, torch.device("cpu"), 7, lambda *_: None)
+    assert [len(e) for e in extracted] == [len(split["train"]), len(split["val"])]
+    assert torch.equal(extracted[0], data.images[torch.as_tensor(split["train"])])
+    assert torch.equal(extracted[1], data.images[torch.as_tensor(split["val"])])
+    assert len(_near(val[0], train)) == 0 and _near(val[0], val).tolist() == [0, 1]  # the planted pair: val only
+
+
+def test_pretraining_trains_on_the_train_images_of_the_split(tmp_path, tiny_overrides):
+    from stages import pretrain, runspec
+
+    cfg = runspec.config_for_run(None, {**tiny_overrides, "val_fraction": 0.25}, tmp_path, False)
+    data, split, images = pretrain.train_split(cfg, tmp_path, resume=False, main=True)
+    assert set(split["train"]).isdisjoint(split["val"]) and len(split["train"]) + len(split["val"]) == len(data)
+    assert torch.equal(images, data.images[torch.as_tensor(split["train"])])
+
+
+# --- a hand-made run directory for the report and validate: config, split, linear.json and cached features
+
+def _run_dir(tmp_path, plant: str | None = None):
+    cfg = PretrainConfig(data="synthetic:24", image_size=8, val_fraction=0.5, seed=0)
+    data = load_data(cfg.data, 8, seed=0)
+    split = make_split(data, cfg.val_fraction, 0)
+    run = tmp_path / "run"
+    (run / rundir.EVAL).mkdir(parents=True)
+    rundir.write_text_atomic(run / rundir.CONFIG, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    rundir.write_json_atomic(run / rundir.SPLIT, split)
+    rundir.write_json_atomic(run / rundir.EVAL / "linear.json", {"checkpoint": {"weights_sha256": "trained"},
+                                                                 "baseline_init": {"weights_sha256": "init"}})
+    pixels = center_views(data.images, 8).float().flatten(1)
+    feats = {}
+    for which, seed in (("pretrained", 1), ("random", 2)):
+        f = pixels @ torch.randn(pixels.shape[1], 16, generator=torch.Generator().manual_seed(seed))
+        train, val = f[split["train"]].clone(), f[split["val"]].clone()
+        if plant == "train":
+            train[0] = val[0]  # a val image's twin among the train images
+        elif plant == "val":
+            val[1] = val[0]  # a val image's twin within val
+        feats[which] = (train, val)
+        key = {"weights_sha256": "trained" if which == "pretrained" else "init"}
+        torch.save({"key": key, "train": train, "val": val}, run / rundir.EVAL / f"features_{which}.pt")
+    return run, split, feats, data
+
+
+def _neighbour_titles(html: str) -> list[tuple[str, list[str]]]:
+    """(query source, its neighbours' sources in the order shown) per row of the retrieval grid."""
+    import re
+
+    rows = []
+    for row in html.split("<tr>")[2:]:
+        titles = re.findall(r'title="([^"]+)"', row)
+        rows.append((titles[0], titles[1:]))
+    return rows
+
+
+@pytest.mark.parametrize("plant", [None, "val", "train"])
+def test_retrieval_banks_the_train_features_and_finds_a_planted_duplicate_only_there(tmp_path, monkeypatch, plant):
+    from stages import report
+
+    run, split, feats, data = _run_dir(tmp_path, plant)
+    banks = []
+    real = report.cosine_neighbours
+    monkeypatch.setattr(report, "cosine_neighbours", lambda b, q, k: banks.append((b, q)) or real(b, q, k))
+    cfg = report.ReportConfig(queries=len(split["val"]), neighbours=3)
+    html = report.retrieval(report.Run(run, cfg, lambda *_: None))
+    assert len(banks) == 2
+    for (bank, queries), which in zip(banks, ("pretrained", "random")):
+        assert np.array_equal(bank, feats[which][0].numpy()) and np.array_equal(queries, feats[which][1].numpy())
+    rows = _neighbour_titles(html)
+    assert sorted(q for q, _ in rows) == sorted(split["val_sources"])  # every val image is a query here
+    for query, shown in rows:
+        assert len(shown) == 2 * 3 and set(shown) <= set(split["train_sources"])
+        if plant == "train" and query == split["val_sources"][0]:
+            assert shown[0] == shown[3] == split["train_sources"][0]  # its twin, first for both backbones
+    if plant == "val":  # the twin within val is never shown as a neighbour, and is no query's nearest
+        twin = split["val_sources"][1]
+        assert all(twin not in shown for _, shown in rows)
+    train_y, val_y = data.labels[split["train"]].numpy(), data.labels[split["val"]].numpy()
+    agree = (train_y[real(feats["pretrained"][0].numpy(), feats["pretrained"][1].numpy(), 3)] == val_y[:, None]).mean()
+    assert f"pretrained {100 * agree:.1f} %" in html  # the reported agreement: val queries against the train bank
+
+
+def test_embedding_maps_are_the_val_rows_alone_with_their_own_labels(tmp_path, monkeypatch):
+    """The maps picture val: PCA and t-SNE see exactly the (L2-normalised) val rows, no train row, and each point
+    is coloured by its own val label."""
+    from sklearn.decomposition import PCA
+    from sklearn.manifold import TSNE
+
+    from stages import report, report_figures
+
+    run, split, feats, data = _run_dir(tmp_path)
+    fitted, drawn = [], []
+    real_pca, real_tsne, real_maps = PCA.fit, TSNE.fit_transform, report_figures.embedding_maps
+    monkeypatch.setattr(PCA, "fit", lambda self, x, y=None: fitted.append(np.array(x)) or real_pca(self, x, y))
+    monkeypatch.setattr(TSNE, "fit_transform", lambda self, x, y=None: fitted.append(np.array(x)) or real_tsne(self, x, y))
+    monkeypatch.setattr(report_figures, "embedding_maps", lambda maps, labels, classes: drawn.append(labels) or real_maps(maps, labels, classes))
+    report.embedding_map(report.Run(run, report.ReportConfig(), lambda *_: None))
+    assert len(fitted) == 4  # PCA and t-SNE, each backbone
+    for x, which in zip(fitted, ("pretrained", "random", "pretrained", "random")):
+        val = feats[which][1].double().numpy()
+        np.testing.assert_allclose(x, val / np.linalg.norm(val, axis=1, keepdims=True), rtol=1e-6)
+        assert (positions(x, feats[which][0].double().numpy() / np.linalg.norm(feats[which][0].double().numpy(), axis=1,
+                                                                                 keepdims=True)) < 0).all()
+    assert np.array_equal(drawn[0], data.labels[split["val"]].numpy())
+
+
+def test_validate_checks_with_the_val_images_of_the_split(tmp_path):
+    from stages import validate
+
+    run, split, _, data = _run_dir(tmp_path)
+    for cap in (5, 256):
+        images, sources = validate.val_images(run, 8, cap)
+        idx = split["val"][:cap]
+        assert sources == split["val_sources"][:cap] and set(sources).isdisjoint(split["train_sources"])
+        assert torch.equal(images, center_views(data.images[torch.as_tensor(idx)], 8))
+    images, sources, n_val = validate.check_images(load_config(validate.ValidateConfig), run, 8, lambda *_: None)
+    assert n_val == len(sources) == len(split["val"]) and sources == split["val_sources"]
+    assert json.loads((run / rundir.SPLIT).read_text()) == split
