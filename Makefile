@@ -9,12 +9,12 @@ STAMP  := $(VENV)/.installed
 
 PRETRAIN_SRC := stages/pretrain.py stages/runspec.py stages/training.py stages/recipes.py stages/views.py stages/augment.py \
                 stages/device_augment.py stages/preprocess.py stages/data.py stages/backbones.py stages/optim.py \
-                stages/distributed.py stages/configs.py $(wildcard stages/methods/*.py)
-EVAL_SRC     := stages/linear_eval.py stages/runspec.py stages/knn.py stages/features.py
+                stages/distributed.py stages/configs.py stages/provenance.py $(wildcard stages/methods/*.py)
+EVAL_SRC     := stages/linear_eval.py stages/runspec.py stages/provenance.py stages/knn.py stages/features.py
 EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/coreml.py export/onnx_format.py \
-                export/metadata.py export/quiet.py export/traced.py stages/configs.py
-VALIDATE_SRC := stages/validate.py stages/runspec.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
-REPORT_SRC   := stages/report.py stages/report_figures.py stages/runspec.py
+                export/metadata.py export/quiet.py export/traced.py stages/configs.py stages/provenance.py
+VALIDATE_SRC := stages/validate.py stages/runspec.py stages/provenance.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
+REPORT_SRC   := stages/report.py stages/report_figures.py stages/runspec.py stages/provenance.py
 
 # the toolchain's usual place, for a shell that starts without /opt/swift on PATH
 SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
@@ -30,17 +30,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import torch, torchvision, coremltools, onnx, onnxruntime, click" 2>/dev/null
 	touch $@
 
-# pretrain -> linear-eval -> strip -> trace -> export -> validate, each reading the files the one before wrote
+# pretrain -> linear-eval -> strip -> trace -> export -> validate, each reading the files the one before wrote.
+# Pretraining re-runs only when its config or code changed: the old run is then deleted (--overwrite), never mixed
+# with the new one. Precious: a Ctrl-C leaves last.pt at the step reached (make would delete a half-made target),
+# for `pipeline pretrain --resume --out $(RUN)` to go on from.
+.PRECIOUS: $(RUN)/checkpoints/last.pt
 $(RUN)/checkpoints/last.pt: $(STAMP) $(CONFIG) $(PRETRAIN_SRC)
-	$(BIN)/pipeline pretrain --config $(CONFIG) --out $(RUN)
+	$(BIN)/pipeline pretrain --config $(CONFIG) --out $(RUN) --overwrite
 
 $(RUN)/eval/linear.json: $(RUN)/checkpoints/last.pt $(EVAL_SRC)
 	$(BIN)/pipeline linear-eval --run $(RUN) --labels-per-class 5
 
-$(RUN)/export/encoder.pt: $(RUN)/checkpoints/last.pt stages/strip.py stages/runspec.py export/encoder.py
+$(RUN)/export/encoder.pt: $(RUN)/checkpoints/last.pt stages/strip.py stages/runspec.py stages/provenance.py export/encoder.py
 	$(BIN)/pipeline strip --run $(RUN)
 
-$(RUN)/export/trace.json: $(RUN)/export/encoder.pt stages/trace.py export/traced.py
+$(RUN)/export/trace.json: $(RUN)/export/encoder.pt stages/trace.py stages/provenance.py export/traced.py
 	$(BIN)/pipeline trace --run $(RUN)
 
 # linear.json is a prerequisite so its top-1 lands in every artifact's metadata

@@ -20,16 +20,18 @@ BACKBONE_NAMES = {"resnet18": "ResNet-18", "resnet34": "ResNet-34", "resnet50": 
 LINEAR_EVAL = "linear.json"  # in RUN/eval/, written by `pipeline linear-eval`
 
 
-def linear_eval_scores(run_dir: Path, step: int | None, say=print) -> dict[str, float]:
-    """top-1 scores of eval/linear.json, only when it measured this checkpoint (same step); else nothing."""
+def linear_eval_scores(run_dir: Path, step: int | None, say=print, checkpoint_id: str | None = None) -> dict[str, float]:
+    """top-1 scores of eval/linear.json, only when it measured this checkpoint (same step and checkpoint id, the
+    one every write of a checkpoint gets: stages/provenance.py); else nothing."""
     path = run_dir / rundir.EVAL / LINEAR_EVAL
     if not path.is_file():
         return {}
     result = rundir.load_json(path, "linear-eval result")
-    measured = (result.get("checkpoint") or {}).get("step")
-    if measured is not None and step is not None and measured != step:
-        say(f"warning: {path} measured step {measured}, the encoder is step {step}: its top-1 is left out of the metadata "
-            f"(re-run `pipeline linear-eval`)")
+    record = result.get("checkpoint") or {}
+    measured = record.get("step")
+    if (measured is not None and step is not None and measured != step) or record.get("id") != checkpoint_id:
+        say(f"warning: {path} measured {'another checkpoint of ' if measured == step else ''}step {measured}, the "
+            f"encoder is step {step}: its top-1 is left out of the metadata (re-run `pipeline linear-eval`)")
         return {}
     return {key: float(result[key]) for key in ("top1", "knn_top1") if isinstance(result.get(key), (int, float))}
 
@@ -42,7 +44,7 @@ def build_metadata(run_dir: Path, state: dict, trace_info: dict, author: str, li
     size, dim, l2 = state["image_size"], state["feat_dim"], bool(state.get("l2_normalize", True))
     run_id = strip_meta.get("run_id") or run_dir.resolve().name
     epochs = strip_meta.get("epochs_done")
-    scores = linear_eval_scores(run_dir, strip_meta.get("step"), say)
+    scores = linear_eval_scores(run_dir, strip_meta.get("step"), say, strip_meta.get("checkpoint_id"))
     meta: dict[str, Any] = {
         "author": author,
         "license": license_,
@@ -65,6 +67,7 @@ def build_metadata(run_dir: Path, state: dict, trace_info: dict, author: str, li
         "run_id": run_id,
         "epochs": epochs,
         "step": strip_meta.get("step"),
+        "checkpoint_id": strip_meta.get("checkpoint_id"),  # of checkpoints/last.pt when stripped: stages/provenance.py
         "data": strip_meta.get("data"),
         "linear_top1": scores.get("top1"),
         "knn_top1": scores.get("knn_top1"),

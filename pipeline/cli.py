@@ -52,23 +52,33 @@ def _pretrain_command():
     @options_from(PretrainConfig)
     @click.option("--config", "config_file", type=click.Path(), help="YAML file with any of the options below.")
     @click.option("--out", "--run", "out", type=click.Path(), default=None, help="run directory [default: runs/default]")
-    @click.option("--resume", is_flag=True, help="continue the run in --out from checkpoints/last.pt, exactly")
+    @click.option("--resume", is_flag=True, help="continue the run in --out from checkpoints/last.pt, exactly "
+                  "(a run stopped by Ctrl-C too); a finished run is left as it is")
+    @click.option("--overwrite", is_flag=True, help="delete the run in --out first (its checkpoints, config.yaml, "
+                  "split.json, metrics, eval/, export/, validate/, report.html; nothing else), then train afresh; "
+                  "without it or --resume, a folder that holds a run is refused")
     @click.option("--gpus", type=int, default=None, help=GPUS_HELP)
     @one_line_errors
-    def pretrain(config_file, out, resume, gpus, **overrides):
-        """Self-supervised pretraining (SimCLR, BYOL or MoCo v3) into a run directory."""
+    def pretrain(config_file, out, resume, overwrite, gpus, **overrides):
+        """Self-supervised pretraining (SimCLR, BYOL or MoCo v3) into a run directory. Ctrl-C (or SIGTERM) stops
+        after the step under way and writes checkpoints/last.pt there; --resume goes on from it."""
         from stages import distributed, runspec
         from stages import pretrain as stage
 
         run_dir = Path(out) if out else rundir.DEFAULT_RUN
         if out is None:
             click.echo(f"using run {run_dir}")
-        cfg = runspec.config_for_run(config_file, overrides, run_dir, resume)  # a bad option fails here, once
+        cfg = runspec.config_for_run(config_file, overrides, run_dir, resume, overwrite)  # a bad option fails here, once
         if gpus is not None and gpus != 1 and not distributed.launched():
             args = ["pretrain", *as_flags(overrides), "--out", str(run_dir)]
             args += (["--config", config_file] if config_file else []) + (["--resume"] if resume else [])
+            args += ["--overwrite"] if overwrite else []
             sys.exit(distributed.launch(gpus, args, cfg.device))
-        stage.run(cfg, run_dir, resume=resume, say=click.echo)
+        result = stage.run(cfg, run_dir, resume=resume, overwrite=overwrite, say=click.echo)
+        if result.get("stopped"):
+            if distributed.env_rank() == 0:
+                click.echo(result["stopped"], err=True)
+            sys.exit(130)  # what a shell reports for Ctrl-C: a script sees that training did not finish
 
 
 GPUS_HELP = ("run N processes, one per GPU, through torchrun (what `torchrun --nproc-per-node N -m pipeline ...` "
@@ -209,9 +219,10 @@ def doctor():
 @one_line_errors
 def show(run):
     """Print a run's results from its files: the evaluation table and the parity table (what `make all` ends with)."""
-    from stages import linear_eval, validate
+    from stages import linear_eval, provenance, validate
 
     run_dir = rundir.resolve_run(run, say=click.echo)
+    provenance.check_results(run_dir)  # never a result of an earlier checkpoint beside the current one
     shown = False
     for path, fmt in ((run_dir / rundir.EVAL / "linear.json", linear_eval.format_table),
                       (run_dir / rundir.VALIDATE / validate.PARITY, validate.format_table)):
@@ -221,8 +232,14 @@ def show(run):
             shown = True
     if not shown:
         raise PipelineError(f"{run_dir} has no eval/linear.json or validate/{validate.PARITY} yet: run `make all`")
-    report = run_dir / rundir.REPORT
-    click.echo(f"\nreport: {report}" if report.is_file() else f"\nreport: not written yet: `pipeline report --run {run_dir}`")
+    report, again = run_dir / rundir.REPORT, provenance.command("report", run_dir)
+    now = provenance.current(run_dir)
+    if not report.is_file():
+        click.echo(f"\nreport: not written yet: `{again}`")
+    elif now is not None and not provenance.same(provenance.of_report(report), now):
+        click.echo(f"\nreport: {report} shows an earlier checkpoint: `{again}` makes it again")
+    else:
+        click.echo(f"\nreport: {report}")
 
 
 @main.command("swift-fixtures")

@@ -34,6 +34,7 @@ ENCODER = "export/encoder.pt"  # the stripped backbone (`pipeline strip`), what 
 # checkpoints/*.pt keys: `pipeline pretrain` writes them, --resume, strip and linear-eval read them.
 CKPT_MODEL, CKPT_OPTIMIZER, CKPT_SCHEDULER, CKPT_SCALER = "model", "optimizer", "scheduler", "scaler"
 CKPT_STEP, CKPT_EPOCHS_DONE, CKPT_RNG, CKPT_CONFIG, CKPT_META = "step", "epochs_done", "rng", "config", "meta"
+CKPT_ID = "id"  # fresh at every write: what each file made from the checkpoint records (stages/provenance.py)
 SIDECAR = "encoder.json"  # in export/: every artifact with its format, size and sha256 (the Swift demo reads it)
 
 
@@ -93,6 +94,46 @@ def append_jsonl(path: Path | str, obj: Any) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(obj) + "\n")
         f.flush()
+
+
+# A run's own files, later stages first: `pretrain --overwrite` moves them aside in this order, so a removal cut
+# short leaves an older run without its later stages, never an export beside a checkpoint it did not come from.
+RUN_ENTRIES = (REPORT, VALIDATE, EXPORT, EVAL, CHECKPOINTS, METRICS, SKIPPED, SPLIT, CONFIG)
+REMOVING = ".removing-"  # the folder inside a run that its old files are moved into before they are deleted
+
+
+def run_outputs(run_dir: Path | str) -> list[str]:
+    """What in run_dir a new pretraining would destroy: any checkpoint, and the later stages' files. (config.yaml,
+    split.json and metrics.jsonl alone are what a pretraining stopped before its first checkpoint leaves.)"""
+    run_dir = Path(run_dir)
+    found = [LAST_CHECKPOINT] if (run_dir / LAST_CHECKPOINT).is_file() else \
+        [f"{CHECKPOINTS}/*.pt"] if any((run_dir / CHECKPOINTS).glob("*.pt")) else []
+    return found + [name + ("/" if (run_dir / name).is_dir() else "") for name in (EVAL, EXPORT, VALIDATE, REPORT)
+                    if (run_dir / name).exists()]
+
+
+def remove_run(run_dir: Path | str) -> None:
+    """Delete the run's own files (RUN_ENTRIES; nothing else in the folder). Each is first renamed into one folder
+    beside them, later stages first: a rename is atomic, so a removal that fails or is killed part way leaves an
+    older run without its later stages (and a folder the next call sweeps), never a mix of two runs."""
+    run_dir = Path(run_dir)
+    for left in run_dir.glob(REMOVING + "*"):  # a removal killed before its delete finished
+        shutil.rmtree(left, ignore_errors=True)
+    present = [name for name in RUN_ENTRIES if (run_dir / name).exists() or (run_dir / name).is_symlink()]
+    if not present:
+        return
+    trash = Path(tempfile.mkdtemp(prefix=REMOVING, dir=run_dir))
+    moved = []
+    try:
+        for name in present:
+            os.replace(run_dir / name, trash / name)
+            moved.append(name)
+    except OSError as e:
+        for name in reversed(moved):  # put back what was moved: the old run stays whole
+            os.replace(trash / name, run_dir / name)
+        shutil.rmtree(trash, ignore_errors=True)
+        raise PipelineError(f"could not remove the old run in {run_dir} ({e.strerror}: {e.filename}); it is intact") from None
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def resolve_run(run: str | Path | None, *, must_exist: bool = True, say=print) -> Path:

@@ -62,7 +62,7 @@ class PretrainConfig:
     compile: bool = opt(False, "torch.compile the backbone: off by default: slower than eager where measured (README) and minutes to compile")
     sync_bn: bool = opt(False, "several GPUs: BatchNorm statistics over the global batch (SimCLR's choice), at one all-reduce per BN layer; CUDA only")
     seed: int = opt(0, "seeds init, split, order and every augmentation draw")
-    max_steps: int = opt(0, "stop after this many total steps (0 = run all epochs); the schedule still spans all epochs")
+    max_steps: int = opt(0, "stop after this many steps in all, counted from the run's start (0 = every epoch); at most the steps of --epochs: more is refused, as the learning-rate schedule spans the epochs (raise --epochs to train longer); a run cut short goes on exactly with --resume --max-steps 0")
     log_every: int = opt(10, "steps between metrics.jsonl lines")
     save_every: int = opt(0, "also keep checkpoints/epoch_NNNN.pt every N epochs (0 = only last.pt)")
     checkpoint_every_s: float = opt(120.0, "write checkpoints/last.pt at the first epoch end this many seconds after the last write, and at the end; a crash loses at most this much training (0 = every epoch: on small data one write, ~190 MB for BYOL, took longer than an epoch)")

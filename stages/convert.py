@@ -21,6 +21,7 @@ from export.traced import example_input, load_traced
 from pipeline import rundir
 from pipeline.rundir import SIDECAR, artifact_digest, encoder_path
 from pipeline.errors import PipelineError
+from stages import provenance
 from stages.configs import ExportConfig
 
 
@@ -88,6 +89,9 @@ def run(cfg: ExportConfig, run_dir: Path, say=print) -> dict:
     options = {name: getattr(cfg, name) for name in OPTION_NAMES}
     plan = select_formats(cfg.to, cfg.coreml_format, cfg.precision, options)  # refuse bad requests before any work
     _, state = load_encoder(encoder_path(run_dir))
+    made_from = provenance.of_encoder(state)  # `pipeline export` re-strips a stale encoder.pt before this runs
+    provenance.check(encoder_path(run_dir), made_from, run_dir,
+                     f"{provenance.command('strip', run_dir)} && {provenance.command('trace', run_dir)}")
     program, trace_info = load_traced(run_dir)
     meta = build_metadata(run_dir, state, trace_info, cfg.author, cfg.license, cfg.model_version, cfg.description, say)
     example = example_input(int(trace_info.get("example_batch", 2)), state["image_size"])
@@ -113,7 +117,7 @@ def run(cfg: ExportConfig, run_dir: Path, say=print) -> dict:
 
     artifacts = written + _previous_entries(export_dir, meta["encoder_sha256"], {e["format"] for e in written}, say)
     artifacts.sort(key=lambda a: list(FORMATS).index(a["format"]))
-    sidecar = {**meta, "sha256_of_directory": "sha256 over each file in sorted relative-path order: its path, a NUL "
+    sidecar = {**meta, "checkpoint": made_from, "sha256_of_directory": "sha256 over each file in sorted relative-path order: its path, a NUL "
                                               "byte, its size (8 bytes, little-endian), its contents",
                "artifacts": artifacts}
     rundir.write_json_atomic(export_dir / SIDECAR, sidecar)

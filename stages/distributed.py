@@ -12,8 +12,8 @@ negatives are the whole global batch.
 
 from __future__ import annotations
 
+import logging
 import os
-import subprocess
 import sys
 import warnings
 
@@ -90,6 +90,25 @@ def cleanup(wait: bool = True) -> None:
             dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
         dist.destroy_process_group()
         _joined_here = False
+    global _cpu_group
+    _cpu_group = None  # a group dies with its process group; a caller's own group (tests) may be joined again
+
+
+_cpu_group = None  # where `any_rank` meets: the default group under gloo, a gloo group of its own beside NCCL
+
+
+def any_rank(value: int) -> int:
+    """The largest of every rank's `value` (0 = nothing to say), the same on every rank. Host to host over gloo
+    even when training runs on NCCL: a CPU tensor's all-reduce never waits for a GPU, so the steps the host
+    queued ahead stay queued. Every rank must call it at the same point (it is a collective)."""
+    global _cpu_group
+    if not active():
+        return value
+    if _cpu_group is None:
+        _cpu_group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_cpu_group)
+    return int(t.item())
 
 
 def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
@@ -158,7 +177,11 @@ def torchrun_command(nproc: int, args: list[str]) -> list[str]:
 
 
 def launch(nproc: int, args: list[str], device: str) -> int:
-    """Run `pipeline ARGS` in nproc processes through torchrun; returns its exit code."""
+    """Run `pipeline ARGS` in nproc processes through torchrun's agent, in this process (what the torchrun command
+    runs); returns the exit code. In this process, so that a Ctrl-C or SIGTERM here is torchrun's own: it passes the
+    signal on to every worker, waits for them to stop (they write their checkpoint: stages/training.StopRequest)
+    and raises, which ends here as exit 130, where a torchrun child would print a traceback and be killed by
+    subprocess.call. A worker's failure has already printed its one line; its exit code is returned."""
     if nproc < 1:
         raise PipelineError(f"--gpus must be >= 1, got {nproc}")
     if device != "cpu":
@@ -169,5 +192,18 @@ def launch(nproc: int, args: list[str], device: str) -> int:
             raise PipelineError(f"--gpus {nproc} needs CUDA GPUs; use --device cpu for CPU processes (gloo)")
     # torchrun sets OMP_NUM_THREADS=1 in each process when it is unset, and prints a warning saying so; the cores
     # split evenly between the processes is the better value, and set here the warning has nothing to say.
-    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
-    return subprocess.call(torchrun_command(nproc, args), env={**os.environ, "OMP_NUM_THREADS": threads})
+    os.environ["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    for name in list(logging.root.manager.loggerDict):  # torchrun's modules set their own levels when imported
+        if name.startswith("torch.distributed.elastic"):  # "Received 2 death signal, ...": expected here, not news
+            logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        torchrun.run(torchrun.parse_args(torchrun_command(nproc, args)[3:]))
+    except SignalException:
+        return 130  # the workers have stopped; rank 0 said at which step
+    except ChildFailedError as e:
+        return next((f.exitcode for f in e.failures.values() if f.exitcode > 0), 1)
+    return 0

@@ -29,6 +29,7 @@ import torch
 from pipeline import rundir
 from pipeline.device import select_device
 from pipeline.errors import PipelineError
+from stages import provenance
 from stages.configs import EvalConfig, PretrainConfig
 from stages.data import ImageData, load_data, make_split, parse_spec
 from stages.features import extract_features
@@ -344,6 +345,8 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
     run_dir = Path(run_dir)
     device = select_device(cfg.device)
     trained, run_cfg, ckpt = load_trained_backbone(run_dir)
+    if warning := provenance.unfinished(ckpt, run_dir):
+        say(warning)
     seed = run_cfg.seed if cfg.seed is None else cfg.seed
     data, split, own = eval_data(run_cfg, run_dir, cfg.data)
     tag = "" if own else "-" + re.sub(r"[^A-Za-z0-9]+", "_", cfg.data).strip("_")[:40] + "-" + hashlib.sha256(cfg.data.encode()).hexdigest()[:8]
@@ -383,7 +386,8 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
                 "temperature": cfg.knn_temperature, "majority_k": cfg.majority_k,
                 "majority_k_used": min(cfg.majority_k, len(train_y))},
     }
-    out["checkpoint"] = {"path": str(run_dir / rundir.LAST_CHECKPOINT), "step": ckpt[rundir.CKPT_STEP], "epochs_done": ckpt.get(rundir.CKPT_EPOCHS_DONE),
+    out["checkpoint"] = {"path": str(run_dir / rundir.LAST_CHECKPOINT), **provenance.of_checkpoint(ckpt),
+                         "epochs_done": ckpt.get(rundir.CKPT_EPOCHS_DONE),
                          "method": run_cfg.method, "backbone": run_cfg.backbone, "weights_sha256": hashes["pretrained"]}
     out["baseline_init"] = {"seed": run_cfg.seed, "weights_sha256": hashes["random"],
                             "how": "seed_everything(seed) then build_model(config): the weights pretraining started from"}

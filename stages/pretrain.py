@@ -2,6 +2,9 @@
 
 setup (config, data, split, model, optimizer) -> train (steps, logs, checkpoints) -> done. Writes into RUN_DIR:
 config.yaml, split.json, skipped.txt (if any), metrics.jsonl, checkpoints/last.pt (+ epoch_NNNN.pt every N epochs).
+A folder that holds a run is trained into only with --resume (go on from last.pt) or --overwrite (its files are
+deleted first: runspec.check_out, rundir.remove_run). SIGINT or SIGTERM stops training after the step under way,
+writes last.pt at that step and returns, so `--resume` goes on exactly where it stopped (training.StopRequest).
 
 Several processes (torchrun, or `pipeline pretrain --gpus N`): batch_size is the global batch, each rank trains on
 its share of every step's images (stages/distributed.py), gradients are averaged from one flat buffer after the
@@ -12,6 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import shlex
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +30,13 @@ from pipeline import __version__, rundir
 from pipeline.config import to_dict
 from pipeline.device import select_device
 from pipeline.errors import PipelineError
-from stages import distributed, preprocess, recipes
+from stages import distributed, preprocess, provenance, recipes
 from stages.backbones import uses_small_stem
 from stages.configs import PretrainConfig
 from stages.data import ImageData, load_data, make_split
-from stages.runspec import chosen_recipe, peak_lr, seed_everything, store_size_for, validate
-from stages.training import (Training, augment_mode, build_training, default_workers, keep_on_device, rng_state,
-                             set_rng_state, train_step, view_batches)
+from stages.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, store_size_for, validate
+from stages.training import (StopRequest, Training, augment_mode, build_training, default_workers, keep_on_device,
+                             rng_state, set_rng_state, train_step, view_batches)
 from stages.views import MEAN, STD
 
 
@@ -56,7 +62,7 @@ class Checkpoints:
             rundir.CKPT_MODEL: t.model.state_dict(), rundir.CKPT_OPTIMIZER: t.optimizer.state_dict(),
             rundir.CKPT_SCHEDULER: t.scheduler.state_dict(), rundir.CKPT_SCALER: t.scaler.state_dict(),
             rundir.CKPT_STEP: step, rundir.CKPT_EPOCHS_DONE: epochs_done, rundir.CKPT_RNG: rng_state(),
-            rundir.CKPT_CONFIG: to_dict(self.cfg),
+            rundir.CKPT_CONFIG: to_dict(self.cfg), rundir.CKPT_ID: provenance.new_id(),
             rundir.CKPT_META: {**self.meta, "wall_s": self.wall_before + time.perf_counter() - self.started},
         })
 
@@ -65,15 +71,38 @@ class Checkpoints:
         self.last_write = time.perf_counter()
 
 
-def restore(t: Training, run_dir: Path, world: int) -> tuple[int, float]:
-    """Load last.pt into a freshly built training (weights, optimizer, schedule, scaler, RNG): (step, wall seconds
-    so far). Only the process count it was trained with continues it exactly."""
-    ckpt = rundir.load_checkpoint(run_dir / rundir.LAST_CHECKPOINT)
-    meta = ckpt.get(rundir.CKPT_META, {})
+def check_world(meta: dict, world: int, run_dir: Path) -> None:
+    """Only the process count a run was trained with continues it exactly."""
     trained_on = meta.get("world_size", 1)
     if trained_on != world:
         raise PipelineError(f"--resume: {run_dir} was trained by {trained_on} process(es), this is {world}: "
                             f"resume with --gpus {trained_on}")
+
+
+def finished(cfg: PretrainConfig, run_dir: Path, world: int) -> str | None:
+    """For --resume: the line saying the run is already trained to the end its config now sets (nothing is read
+    beyond the checkpoint's step and meta, nothing written), or None when steps remain."""
+    ckpt = rundir.load_checkpoint(run_dir / rundir.LAST_CHECKPOINT, mmap=True)
+    meta = ckpt.get(rundir.CKPT_META) or {}
+    check_world(meta, world, run_dir)
+    step, per_epoch = ckpt.get(rundir.CKPT_STEP), meta.get("steps_per_epoch")
+    if not (isinstance(step, int) and isinstance(per_epoch, int)):
+        return None
+    end = provenance.steps_to_train(cfg.epochs, cfg.max_steps, per_epoch)
+    if step < end:
+        return None
+    more = ("`--resume --max-steps 0` trains on through every epoch" if end < per_epoch * cfg.epochs
+            else f"`--resume --epochs N` with N above {cfg.epochs} trains on")
+    return (f"{run_dir} has finished training (step {step} of {end}): nothing to resume, "
+            f"{run_dir / rundir.LAST_CHECKPOINT} is unchanged; {more}")
+
+
+def restore(t: Training, run_dir: Path, world: int) -> tuple[int, float]:
+    """Load last.pt into a freshly built training (weights, optimizer, schedule, scaler, RNG): (step, wall seconds
+    so far)."""
+    ckpt = rundir.load_checkpoint(run_dir / rundir.LAST_CHECKPOINT)
+    meta = ckpt.get(rundir.CKPT_META, {})
+    check_world(meta, world, run_dir)
     t.model.load_state_dict(ckpt[rundir.CKPT_MODEL])
     t.optimizer.load_state_dict(ckpt[rundir.CKPT_OPTIMIZER])
     t.scheduler.load_state_dict(ckpt[rundir.CKPT_SCHEDULER])
@@ -82,12 +111,10 @@ def restore(t: Training, run_dir: Path, world: int) -> tuple[int, float]:
     return ckpt[rundir.CKPT_STEP], meta.get("wall_s", 0.0)
 
 
-def train_split(cfg: PretrainConfig, run_dir: Path, resume: bool, main: bool) -> tuple[ImageData, dict, torch.Tensor]:
-    """(data, split, the train images): decoded once, skipped files listed, the split checked against the one a
-    resumed run was trained on."""
+def train_split(cfg: PretrainConfig, run_dir: Path, resume: bool) -> tuple[ImageData, dict, torch.Tensor]:
+    """(data, split, the train images): decoded once, the split checked against the one a resumed run was
+    trained on, the step count against --max-steps. Writes nothing: a bad input leaves the folder as it was."""
     data = load_data(cfg.data, store_size_for(cfg), seed=cfg.seed)
-    if data.skipped and main:
-        rundir.write_text_atomic(run_dir / rundir.SKIPPED, "".join(f"{f}\t{why}\n" for f, why in data.skipped))
     split = make_split(data, cfg.val_fraction, cfg.seed)
     split_path = run_dir / rundir.SPLIT
     if resume and split_path.is_file():
@@ -97,6 +124,7 @@ def train_split(cfg: PretrainConfig, run_dir: Path, resume: bool, main: bool) ->
     train_images = data.images[torch.as_tensor(split["train"], dtype=torch.long)]
     if cfg.batch_size > len(train_images):
         raise PipelineError(f"batch size {cfg.batch_size} is larger than the {len(train_images)} training images of {cfg.data}")
+    check_max_steps(cfg, len(train_images))  # counted from the decoded images: a skipped file made fewer steps
     return data, split, train_images
 
 
@@ -127,6 +155,7 @@ class Run:
     steps_per_epoch: int
     step: int  # steps done (a resumed run starts where last.pt ended)
     say: object
+    stop_at: int  # where training ends: every epoch, or --max-steps
 
 
 def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
@@ -142,8 +171,13 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
     if cfg.batch_size % world:
         raise PipelineError(f"batch size {cfg.batch_size} does not split over {world} processes: use a multiple of {world}")
     seed_everything(cfg.seed)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    data, split, train_images = train_split(cfg, run_dir, resume, main)
+    data, split, train_images = train_split(cfg, run_dir, resume)
+    if main:
+        if not resume:  # an --overwrite's old run, or what a pretraining stopped before its first checkpoint left
+            rundir.remove_run(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if data.skipped:
+            rundir.write_text_atomic(run_dir / rundir.SKIPPED, "".join(f"{f}\t{why}\n" for f, why in data.skipped))
     mode = augment_mode(cfg.augment, device)
     pre, pre_note = preprocess.for_training(cfg.preprocess, mode, cfg.image_size)  # coreml where it cannot run fails here
     if mode == "device":
@@ -153,7 +187,6 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
     step, wall_before = restore(training, run_dir, world) if resume else (0, 0.0)
     if main and not resume:
         rundir.write_json_atomic(run_dir / rundir.SPLIT, split)
-        (run_dir / rundir.METRICS).unlink(missing_ok=True)
     # Said only now, after every check of the input above: a bad input's error stays the one line printed.
     say(f"recipe {recipe} ({recipe_why}): {recipes.RECIPES[recipe][cfg.method].source}")
     if data.skipped:
@@ -169,8 +202,9 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
             "pipeline_version": __version__, "world_size": world, "per_process_batch": cfg.batch_size // world,
             "global_batch": cfg.batch_size, "lr_scaling": cfg.lr_scaling, "device": str(device)}
     checkpoints = Checkpoints(run_dir, cfg, training, meta, main, wall_before)
+    stop_at = provenance.steps_to_train(cfg.epochs, cfg.max_steps, steps_per_epoch)
     return Run(cfg, run_dir, device, (rank, world), data, split, train_images, mode, pre, pre_note, training,
-               checkpoints, steps_per_epoch, step, say)
+               checkpoints, steps_per_epoch, step, say, stop_at)
 
 
 @dataclass
@@ -203,12 +237,14 @@ class LossLog:
             self.window = (at + 1, clock, waited_then)
 
 
-def epoch_end(r: Run, step: int, stop_at: int, knn: dict) -> None:
-    """After each epoch's steps: last.pt when due (always at the end), epoch_NNNN.pt every save_every epochs, and
-    the online kNN monitor (stages/knn.py: val queries against the train bank, eval mode, fp32, no RNG drawn)."""
+def epoch_end(r: Run, step: int, stop_at: int, knn: dict, stopping: bool = False) -> None:
+    """After each epoch's steps, and where a signal stopped training: last.pt when due (always at the end and at a
+    stop), epoch_NNNN.pt every save_every epochs, and the online kNN monitor (stages/knn.py: val queries against
+    the train bank, eval mode, fp32, no RNG drawn). The epoch's own hooks run at an epoch end only, whichever of
+    the two it is, so a stopped and resumed run writes what an uninterrupted one writes."""
     cfg, spe = r.cfg, r.steps_per_epoch
     epochs_done = step // spe
-    if step >= stop_at or time.perf_counter() - r.checkpoints.last_write >= cfg.checkpoint_every_s:
+    if step >= stop_at or stopping or time.perf_counter() - r.checkpoints.last_write >= cfg.checkpoint_every_s:
         r.checkpoints.save_last(step, epochs_done)
     if cfg.save_every and step % spe == 0 and epochs_done % cfg.save_every == 0:
         r.checkpoints.save(r.run_dir / rundir.CHECKPOINTS / f"epoch_{epochs_done:04d}.pt", step, epochs_done)
@@ -221,10 +257,11 @@ def epoch_end(r: Run, step: int, stop_at: int, knn: dict) -> None:
             rundir.append_jsonl(r.run_dir / rundir.METRICS, {"step": step, "epoch": epochs_done - 1, "knn_top1": top1})
 
 
-def train(r: Run) -> tuple[int, float]:
-    """The steps from r.step to the end (or max_steps): (steps done, last loss)."""
-    cfg, t, spe = r.cfg, r.training, r.steps_per_epoch
-    stop_at = min(t.total_steps, cfg.max_steps) if cfg.max_steps > 0 else t.total_steps
+def train(r: Run) -> tuple[int, float, int]:
+    """The steps from r.step to the end (or max_steps), or to the step a SIGINT/SIGTERM came during: (steps
+    done, last loss, the signal that stopped training or 0). The step under way when a signal comes is finished,
+    never dropped half-applied; last.pt is then written at it, with every later signal ignored until it is."""
+    cfg, t, spe, stop_at = r.cfg, r.training, r.steps_per_epoch, r.stop_at
     views = recipes.views_for(cfg.recipe, cfg.method, cfg.image_size, cfg.crop_min_scale, cfg.solarize_p)
     workers = default_workers(cfg.num_workers)
     r.say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(r.train_images)} train images, "
@@ -236,8 +273,9 @@ def train(r: Run) -> tuple[int, float]:
     bar = tqdm(total=stop_at, initial=step, desc="pretrain", unit="step", dynamic_ncols=True,
                disable=None if r.checkpoints.main else True)
     log = LossLog(r, stop_at, bar, (step, time.perf_counter(), waited))
-    try:
-        while step < stop_at:
+    stopped = 0
+    with StopRequest() as stop, bar:  # the bar closes also when training fails
+        while step < stop_at and not stopped:
             epoch, start_batch = divmod(step, spe)
             batches = view_batches(r.mode, r.train_images, views, cfg.image_size, cfg.batch_size, cfg.seed, epoch,
                                    start_batch, r.device, workers, r.shard, t.channels_last, r.pre)
@@ -253,25 +291,41 @@ def train(r: Run) -> tuple[int, float]:
                 bar.update(1)
                 if step >= stop_at:
                     break
+                stopped = stop.agreed()  # asked after every step but the last, on every rank alike
+                if stopped:
+                    break
                 t_wait = time.perf_counter()
             if pending is not None:
                 log.look(pending)
                 pending = None
-            epoch_end(r, step, stop_at, knn)
-    finally:
-        bar.close()
-    return step, log.last_loss
+            epoch_end(r, step, stop_at, knn, stopping=bool(stopped))
+    return step, log.last_loss, stopped
 
 
-def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print) -> dict:
-    """setup -> train -> finish. The process group is left also when training fails (no rank waits for it then)."""
+def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print, overwrite: bool = False) -> dict:
+    """setup -> train -> finish. The process group is left also when training fails (no rank waits for it then).
+    {"step", "loss", "model", "stopped"}: `stopped` is the line for a run a signal stopped (the CLI exits 130
+    with it), "" otherwise; a --resume of a finished run says so and returns {"finished": line} untouched."""
     validate(cfg)
-    finished = False
+    check_out(run_dir, resume, overwrite)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the group is joined in setup
+    if resume and (line := finished(cfg, run_dir, world)):
+        if distributed.env_rank() == 0:
+            say(line)
+        return {"finished": line}
+    ended = False
     try:
         r = setup(cfg, run_dir, resume, say)
-        step, loss = train(r)
-        r.say(f"done: step {step}/{r.training.total_steps}, loss {loss:.4f}, checkpoint {run_dir / rundir.LAST_CHECKPOINT}")
-        finished = True
+        step, loss, stopped = train(r)
+        ended = True
     finally:
-        distributed.cleanup(wait=finished)
-    return {"step": step, "loss": loss, "model": r.training.model}
+        distributed.cleanup(wait=ended)
+    last = run_dir / rundir.LAST_CHECKPOINT
+    if stopped:
+        again = ["pipeline", "pretrain", "--resume", "--out", str(run_dir), *(["--gpus", str(world)] if world > 1 else [])]
+        line = (f"stopped by {signal.Signals(stopped).name} at step {step} of {r.stop_at}: {last} holds it; "
+                f"`{shlex.join(again)}` goes on from step {step}")
+    else:
+        line = ""
+        r.say(f"done: step {step}/{r.training.total_steps}, loss {loss:.4f}, checkpoint {last}")
+    return {"step": step, "loss": loss, "model": r.training.model, "stopped": line}

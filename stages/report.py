@@ -30,6 +30,7 @@ from pipeline import rundir
 from pipeline.rundir import SIDECAR
 from pipeline.config import opt
 from pipeline.errors import PipelineError
+from stages import provenance
 
 # numpy, torch, sklearn and matplotlib are imported where used: `pipeline --help` imports this module for
 # ReportConfig's flags and should stay instant.
@@ -599,6 +600,7 @@ PAGE = string.Template("""<!DOCTYPE html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,">
+$provenance
 <title>$title</title>
 <style>$style</style>
 </head>
@@ -636,12 +638,14 @@ def build(cfg: ReportConfig, run_dir: Path, say=print) -> str:
         nav.append(f'<a href="#{anchor}">{esc(title.split(":")[0])}</a>')
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return PAGE.substitute(title=esc(f"Run report: {run.dir.resolve().name}"), style=STYLE, nav="".join(nav),
+                           provenance=provenance.report_tag(run.dir),
                            subtitle=esc(f"{run.dir} · written {when} by `pipeline report`"), sections="\n".join(parts))
 
 
 def run(cfg: ReportConfig, run_dir: Path, say=print) -> Path:
     validate(cfg)
     run_dir = Path(run_dir)
+    provenance.check_results(run_dir)  # a page never shows an earlier checkpoint's results beside this one
     page = build(cfg, run_dir, say)
     path = run_dir / rundir.REPORT
     rundir.write_text_atomic(path, page)

@@ -115,9 +115,34 @@ BEFORE_THE_OPTION = {"proj_last_bn": {"byol": "off"}, "pred_lr": {"byol": 1.0, "
                      "crop_min_scale": dict.fromkeys(METHODS, 0.08)}
 
 
-def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) -> PretrainConfig:
+def check_out(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """A folder that holds a run is trained into only when asked how: --resume goes on from its checkpoint,
+    --overwrite deletes its files first (stages/pretrain.py, rundir.remove_run). Otherwise a new checkpoint would
+    replace the old one beside the old one's evaluation and export."""
+    if resume and overwrite:
+        raise PipelineError("--resume and --overwrite exclude each other: --resume goes on training the run in --out, "
+                            "--overwrite deletes it and trains afresh")
+    found = [] if resume or overwrite else rundir.run_outputs(run_dir)
+    if found:
+        raise PipelineError(f"{run_dir} already holds a run ({', '.join(found)}): add --resume to go on training it, "
+                            f"or --overwrite to delete it and train afresh (or give another --out)")
+
+
+def check_max_steps(cfg: PretrainConfig, n_train: int) -> None:
+    """--max-steps cuts a run short and never stretches it: the learning-rate schedule spans the epochs, so steps
+    past them would train on at a rate already decayed to zero."""
+    per_epoch = n_train // cfg.batch_size
+    total = per_epoch * cfg.epochs
+    if per_epoch and cfg.max_steps > total:
+        raise PipelineError(f"--max-steps {cfg.max_steps} is more than the {total} steps of {cfg.epochs} epochs "
+                            f"({per_epoch} per epoch: {n_train} train images in batches of {cfg.batch_size}): "
+                            f"raise --epochs to {math.ceil(cfg.max_steps / per_epoch)}, or lower --max-steps")
+
+
+def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool, overwrite: bool = False) -> PretrainConfig:
     """A resumed run starts from its own config.yaml; flags may still change e.g. max_steps or epochs, but not
     what would make the checkpoint meaningless."""
+    check_out(run_dir, resume, overwrite)
     saved = run_dir / rundir.CONFIG
     if resume:
         if not (run_dir / rundir.LAST_CHECKPOINT).is_file():
@@ -138,6 +163,7 @@ def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool) ->
         cfg = load_config(PretrainConfig, config_file, overrides)
     cfg = resolve(cfg)
     validate(cfg)  # a bad value fails here, before a process is launched or a file written
+    check_max_steps(cfg, count_train_images(cfg.data, cfg.val_fraction))
     return cfg
 
 

@@ -19,6 +19,7 @@ from pipeline import __version__, rundir
 from pipeline.errors import PipelineError
 from pipeline.rundir import encoder_path
 from stages.backbones import build_backbone, min_image_size, uses_small_stem
+from stages import provenance
 from stages.configs import PretrainConfig, StripConfig
 from stages.runspec import build_model, read_run
 from stages.views import MEAN, STD
@@ -75,13 +76,18 @@ def prove_strip(model: torch.nn.Module, kept: dict, cfg: PretrainConfig, feat_di
 
 
 def stale_reason(run_dir: Path) -> str | None:
-    """Why export/encoder.pt must be (re)made before exporting, or None: missing, or older than the checkpoint it
-    comes from (the rule `make` applies to the same two files)."""
-    out, ckpt = encoder_path(run_dir), run_dir / rundir.LAST_CHECKPOINT
+    """Why export/encoder.pt must be (re)made before exporting, or None: missing, or stripped from another
+    checkpoint than checkpoints/last.pt (stages/provenance.py)."""
+    out = encoder_path(run_dir)
     if not out.is_file():
         return f"no {out}"
-    if ckpt.is_file() and ckpt.stat().st_mtime > out.stat().st_mtime:
-        return f"{out} is older than {ckpt}"
+    now = provenance.current(run_dir)
+    try:
+        state = torch.load(out, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a damaged encoder.pt is made again
+        return f"{out} is unreadable"
+    if now is not None and not provenance.same(provenance.of_encoder(state), now):
+        return f"{out} comes from an earlier checkpoint than {run_dir / rundir.LAST_CHECKPOINT}"
     return None
 
 
@@ -91,6 +97,8 @@ def run(cfg: StripConfig, run_dir: Path, say=print) -> dict:
     ckpt_path = run_dir / rundir.LAST_CHECKPOINT
     ckpt = rundir.load_checkpoint(ckpt_path)
     pcfg = read_run(run_dir, ckpt)
+    if warning := provenance.unfinished(ckpt, run_dir):
+        say(warning)
     small = uses_small_stem(pcfg.small_stem, pcfg.image_size)
     if pcfg.image_size < min_image_size(small):
         raise PipelineError(f"{run_dir / rundir.CONFIG}: image_size {pcfg.image_size} is below {min_image_size(small)} for this stem")
@@ -104,6 +112,7 @@ def run(cfg: StripConfig, run_dir: Path, say=print) -> dict:
         "image_size": pcfg.image_size, "mean": list(meta.get("mean", MEAN)), "std": list(meta.get("std", STD)),
         "l2_normalize": cfg.l2_normalize,
         "metadata": {"method": pcfg.method, "run_id": run_dir.resolve().name, "step": ckpt.get(rundir.CKPT_STEP),
+                     "checkpoint_id": ckpt.get(rundir.CKPT_ID),
                      "epochs_done": ckpt.get(rundir.CKPT_EPOCHS_DONE), "epochs": pcfg.epochs, "data": pcfg.data,
                      "seed": pcfg.seed, "pipeline_version": __version__, "checkpoint": str(ckpt_path),
                      **dropped, "proof": proof},

@@ -23,6 +23,7 @@ from export.traced import FILES, TRACE_INFO, example_input
 from pipeline import rundir
 from pipeline.rundir import encoder_path, file_sha256
 from pipeline.errors import PipelineError
+from stages import provenance
 from stages.configs import TraceConfig
 
 def _first_line(e: BaseException) -> str:
@@ -79,6 +80,8 @@ def run(cfg: TraceConfig, run_dir: Path, say=print) -> dict:
         raise PipelineError(f"example_batch must be >= 2 (a batch of 1 is specialised into the graph), got {cfg.example_batch}")
     enc_path = encoder_path(run_dir)
     encoder, state = load_encoder(enc_path)
+    made_from = provenance.of_encoder(state)
+    provenance.check(enc_path, made_from, run_dir, provenance.command("strip", run_dir))
     size = state["image_size"]
     x = example_input(cfg.example_batch, size, cfg.seed)
     checks = [x, example_input(1, size, cfg.seed + 1), example_input(cfg.example_batch + 1, size, cfg.seed + 2)]
@@ -119,7 +122,7 @@ def run(cfg: TraceConfig, run_dir: Path, say=print) -> dict:
         "output_name": OUTPUT_NAME, "output_shape": ["batch", state["feat_dim"]],
         "example_batch": cfg.example_batch, "checked_batches": [int(c.shape[0]) for c in checks],
         "max_abs_diff": diff, "l2_normalize": state.get("l2_normalize", True),
-        "torch_version": torch.__version__, "encoder_sha256": file_sha256(enc_path),
+        "torch_version": torch.__version__, "encoder_sha256": file_sha256(enc_path), "checkpoint": made_from,
     }
     rundir.write_json_atomic(export_dir / TRACE_INFO, info)
     say(f"traced with {used}{' (' + reason + ')' if reason else ''}: max |traced - eager| {diff:.2g} over batches "

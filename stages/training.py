@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import signal
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -172,6 +174,37 @@ def train_step(t: Training, x1: torch.Tensor, x2: torch.Tensor, step: int) -> to
     return distributed.mean(loss)
 
 
+class StopRequest:
+    """SIGINT (Ctrl-C) and SIGTERM while training steps run: noted, never raised, so the step under way finishes
+    and the loop stops between two steps, where a checkpoint is whole. Signals after the first are ignored until
+    the block ends: a second Ctrl-C cannot cut the checkpoint write short (torchrun also passes each signal on to
+    its workers, a second one). DataLoader workers are forked inside the block and inherit this handler, so a
+    Ctrl-C that reaches the whole process group does not kill them under the batch being loaded."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received = 0  # the first signal's number
+        self._previous: dict = {}
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():  # Python sets handlers from the main thread only
+            self._previous = {s: signal.signal(s, self._note) for s in self.SIGNALS}
+        return self
+
+    def _note(self, signum, frame) -> None:
+        self.received = self.received or signum
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def agreed(self) -> int:
+        """The signal that stops training now, or 0: the same answer on every rank (one tiny all-reduce per step),
+        so all stop after the same step and none is left waiting in a collective."""
+        return distributed.any_rank(self.received)
+
+
 def augment_mode(requested: str, device: torch.device) -> str:
     """auto: on the training device when it is an accelerator (CPU workers cannot keep a GPU fed:
     docs/benchmarks.md), in CPU workers otherwise (the reference path, and on a CPU it is the same silicon anyway)."""
@@ -189,5 +222,25 @@ def view_batches(mode: str, images: torch.Tensor, recipes, out_size: int, batch_
     if mode == "device":
         return device_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device,
                                    shard, channels_last)
-    return augment.cpu_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device, num_workers,
-                            shard, channels_last, preprocess)
+    batches = augment.cpu_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device,
+                                       num_workers, shard, channels_last, preprocess)
+    return _workers_deaf_to_stops(batches) if num_workers > 0 else batches
+
+
+def _workers_deaf_to_stops(batches):
+    """The DataLoader's workers are forked at an epoch's first batch; forked while SIGINT and SIGTERM are blocked,
+    they keep the block, so a signal sent to the whole process group (Ctrl-C in a terminal, the job service's
+    SIGTERM) stops the training process alone (StopRequest) and the workers serve it until it has stopped. A
+    worker killed under a batch would make torch raise inside the training process, anywhere in a step. The
+    training process receives what was held back as soon as the first batch is there."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield from batches
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, StopRequest.SIGNALS)
+    try:
+        first = next(batches, None)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    if first is not None:
+        yield first
+        yield from batches

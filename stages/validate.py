@@ -30,6 +30,7 @@ from pipeline import rundir
 from pipeline.rundir import SIDECAR, artifact_digest, encoder_path, file_sha256
 from pipeline.config import to_dict
 from pipeline.errors import PipelineError
+from stages import provenance
 from stages.configs import ValidateConfig
 
 PARITY = "parity.json"  # in RUN/validate/
@@ -210,12 +211,24 @@ def outputs(fmt: str, path: Path, images: torch.Tensor, real_ok: bool) -> tuple[
     return results, actual
 
 
+def check_made_from(run_dir: Path, state: dict, artifacts: list[dict], encoder_sha: str) -> None:
+    """Refuse, before anything runs, an export that is not of checkpoints/last.pt: encoder.pt stripped from an
+    earlier checkpoint, or an artifact converted from another encoder.pt. `pipeline export` makes both again."""
+    again = provenance.command("export", run_dir)
+    provenance.check(encoder_path(run_dir), provenance.of_encoder(state), run_dir, again)
+    for entry in artifacts:
+        if entry.get("encoder_sha256") not in (None, encoder_sha):
+            raise PipelineError(f"{run_dir / rundir.EXPORT / str(entry['file'])} was made from another encoder.pt than "
+                                f"{encoder_path(run_dir)}: run `{again}`")
+
+
 def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     check(cfg)
     encoder, state = load_encoder(encoder_path(run_dir))
     size = int(state["image_size"])
     artifacts = listed_artifacts(run_dir)
     encoder_sha = file_sha256(encoder_path(run_dir))
+    check_made_from(run_dir, state, artifacts, encoder_sha)
     images, sources, n_val = check_images(cfg, run_dir, size, say)
     say(f"validating {len(artifacts)} artifacts on {len(sources)} images ({n_val} val"
         f"{f', {len(sources) - n_val} from {cfg.images}' if cfg.images else ''}) at {size}x{size}")
@@ -228,16 +241,13 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     rows = []
     for entry in artifacts:
         fmt, path = entry["format"], run_dir / rundir.EXPORT / str(entry["file"])
-        notes = []
-        if entry.get("encoder_sha256") not in (None, encoder_sha):
-            notes.append(f"made from another encoder.pt than {encoder_path(run_dir)}: re-run `pipeline export`")
         if entry.get("sha256") and artifact_digest(path)[1] != entry["sha256"]:
             say(f"warning: {path} changed since `pipeline export` wrote it (sha256 differs from {SIDECAR})")
         results, actual = outputs(fmt, path, images, real_ok)
         for runtime, out in results:
             precision = gate_precision(fmt, entry.get("precision", "fp32"), actual, runtime)
             metrics = {"error": str(out)} if isinstance(out, PipelineError) else parity.compare(ref, out, cfg.top_k)
-            failures = notes + parity.gate_failures(metrics, precision, **gates(cfg))
+            failures = parity.gate_failures(metrics, precision, **gates(cfg))
             rows.append(_row(entry, runtime, precision, metrics, failures, sources))
 
     result = {
@@ -246,6 +256,9 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
         "reference": "PyTorch fp32, export/encoder.pt (normalisation and L2 inside the model)",
         "coreml_runtime": "used" if real_ok else f"not used: {real_why}",
         "config": to_dict(cfg), "passed": all(r["passed"] for r in rows), "rows": rows,
+        # what was validated, for `pipeline show` and `pipeline report` to tell a result of older files
+        "checkpoint": provenance.of_encoder(state), "encoder_sha256": encoder_sha,
+        "artifacts_sha256": {str(e["file"]): e.get("sha256") for e in artifacts},
     }
     rundir.write_json_atomic(run_dir / rundir.VALIDATE / PARITY, result)
     say(format_table(result))

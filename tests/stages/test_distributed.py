@@ -1,8 +1,10 @@
 """Two CPU processes over gloo, as torchrun would start them: the contrastive losses equal the one-process loss of
 the same global batch (and so do the gradients and the weights after a training step), momentum networks stay identical on every rank,
-and a 2-process run resumes exactly. One spawn runs every scenario (starting processes is the costly part)."""
+a 2-process run resumes exactly, and a signal to one rank alone stops both after the same step. One spawn runs every
+scenario (starting processes is the costly part)."""
 
 import os
+import signal
 import socket
 import pytest
 import torch
@@ -64,8 +66,30 @@ def _worker(rank, port, out):
         dist.barrier()  # rank 0's checkpoint is on disk before anyone reads it
     res["momentum"] = {k: v.clone() for k, v in done["model"].momentum_backbone.state_dict().items()}
     res["queue"] = done["model"].queue.buffer.clone()
+    res["stopped"] = _stopped_by_a_signal_to_rank_1(rank, run, out / "stopped")
     torch.save(res, out / f"rank{rank}.pt")
     dist.destroy_process_group()
+
+
+def _stopped_by_a_signal_to_rank_1(rank, run, out):
+    """SIGTERM to rank 1 alone during its second step: both ranks must stop after that step (rank 0 would
+    otherwise wait in the next step's all-reduce for ever), rank 0 writes last.pt, and the run resumes."""
+    real = pretrain.train_step
+
+    def step(t, x1, x2, done):
+        if rank == 1 and done == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(t, x1, x2, done)
+
+    pretrain.train_step = step
+    try:
+        stopped = pretrain.run(runspec.config_for_run(None, run, out, False), out, say=lambda *_: None)
+    finally:
+        pretrain.train_step = real
+    dist.barrier()
+    pretrain.run(runspec.config_for_run(None, {}, out, True), out, resume=True, say=lambda *_: None)
+    dist.barrier()
+    return stopped["step"], stopped["stopped"]
 
 
 def _one_step(method, rank=None):
@@ -97,6 +121,7 @@ def test_two_gloo_processes(tmp_path):
         _training_step_equals_one_process(res, method)
     _momentum_network_and_queue_identical_on_every_rank(res)
     _two_process_run_resumes_exactly_and_only_with_two(tmp_path)
+    _a_signal_to_one_rank_stops_both_after_the_same_step(res, tmp_path)
 
 
 def _simclr_loss_and_gradients_equal_one_process_on_the_global_batch(res):
@@ -137,6 +162,14 @@ def _momentum_network_and_queue_identical_on_every_rank(res):
         if p.is_floating_point() and "running" not in name:  # weights (BN running stats are per-rank, unused in training)
             assert torch.equal(p, res[1]["momentum"][name]), name
     assert torch.equal(res[0]["queue"], res[1]["queue"]) and res[0]["queue"].abs().sum() > 0
+
+
+def _a_signal_to_one_rank_stops_both_after_the_same_step(res, out):
+    assert res[0]["stopped"][0] == res[1]["stopped"][0] == 2
+    assert res[0]["stopped"][1].startswith("stopped by SIGTERM at step 2 of 4") and "--gpus 2" in res[0]["stopped"][1]
+    a = torch.load(out / "full/checkpoints/last.pt", weights_only=False)
+    b = torch.load(out / "stopped/checkpoints/last.pt", weights_only=False)
+    assert b["step"] == 4 and all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
 
 
 def _two_process_run_resumes_exactly_and_only_with_two(out):
