@@ -179,9 +179,10 @@ def _bench_command():
 _bench_command()
 
 
-def stage_command(name, config_cls, module, help_, epilog=None, before=None, show=None):
-    """One stage as a command: its config's options as flags, plus --config and --run; `before(run_dir, cfg)` runs
-    first, `show(module, result)` prints the stage's result."""
+def stage_command(name, config_cls, module, help_, epilog=None, request=None, before=None, show=None):
+    """One stage as a command: its config's options as flags, plus --config and --run; `request(cfg)` refuses an
+    impossible request, then the stage's inputs are checked (check_inputs), `before(run_dir, cfg)` runs, and
+    `show(module, result)` prints the stage's result."""
     from pipeline.config import options_from
 
     @main.command(name, help=help_, epilog=epilog)
@@ -196,6 +197,8 @@ def stage_command(name, config_cls, module, help_, epilog=None, before=None, sho
 
         run_dir = rundir.resolve_run(run, say=click.echo)
         cfg = load_config(config_cls, config_file, overrides)
+        if request:
+            request(cfg)
         check_inputs(name, run_dir, cfg)
         if before:
             before(run_dir, cfg)
@@ -267,7 +270,7 @@ def _stage_commands():
     stage_command("export", ExportConfig, "stages.convert",
                   "Core ML (.mlpackage, .mlmodel) and ONNX from the trace, metadata inside, sidecar encoder.json. "
                   "Runs strip and trace first when their files are missing or stale, as make would.",
-                  before=_strip_and_trace_if_stale, epilog="\b\nFormats (format, --to, file, precisions, options):\n" + describe_table())
+                  request=_export_request, before=_strip_and_trace_if_stale, epilog="\b\nFormats (format, --to, file, precisions, runs on, options):\n" + describe_table())
     stage_command("validate", ValidateConfig, "stages.validate",
                   "Run every exported artifact (.mlpackage, .mlmodel, ONNX) on the val images and compare with PyTorch; "
                   "fails naming the artifact and the metric. Writes RUN/validate/parity.json.")
@@ -283,15 +286,18 @@ def _evaluation_table(stage, result: dict) -> None:
     click.echo(verdict_line(result))
 
 
-def _strip_and_trace_if_stale(run_dir: Path, cfg) -> None:
-    """Strip and trace are cheap and deterministic: `pipeline export` right after `pipeline pretrain` runs them (with
-    their default options) instead of stopping the user, one line each, as `make` would. An impossible format
-    request is refused first, before any work."""
+def _export_request(cfg) -> None:
+    """An impossible format request is refused first, before any input is looked at or any work done."""
     from export.formats import OPTION_NAMES, select_formats
-    from stages import strip, trace
-    from stages.configs import StripConfig, TraceConfig
 
     select_formats(cfg.to, cfg.coreml_format, cfg.precision, {name: getattr(cfg, name) for name in OPTION_NAMES})
+
+
+def _strip_and_trace_if_stale(run_dir: Path, cfg) -> None:
+    """Strip and trace are cheap and deterministic: `pipeline export` right after `pipeline pretrain` runs them (with
+    their default options) instead of stopping the user, one line each, as `make` would."""
+    from stages import strip, trace
+    from stages.configs import StripConfig, TraceConfig
 
     for name, stage, cfg, made in (("strip", strip, StripConfig(), "export/encoder.pt"),
                                    ("trace", trace, TraceConfig(), "export/trace.json")):

@@ -99,7 +99,7 @@ def resolve_run(run: str | Path | None, *, must_exist: bool = True, say=print) -
     """The run a command works on: --run if given, else the one `make all` made. Says which, so the user knows."""
     path = Path(run) if run else DEFAULT_RUN
     if must_exist and not path.is_dir():
-        hint = " (run `make all` or `pipeline pretrain` first)" if run is None else ""
+        hint = " (run `make all` or `pipeline pretrain` first)" if run is None else f" (`pipeline pretrain --out {path}` makes it)"
         raise PipelineError(f"run directory {path} does not exist{hint}")
     if run is None:
         say(f"using run {path}")

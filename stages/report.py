@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from export.formats import ipados, minimum_os
 from pipeline import rundir
 from pipeline.rundir import SIDECAR
 from pipeline.config import opt
@@ -563,6 +564,11 @@ def model_card(run: Run) -> str:
     meta_rows = [[k, v if isinstance(v, str) else json.dumps(v)] for k, v in side.items()
                  if k not in skip and not isinstance(v, dict)]
     size, dim = side.get("image_size"), side.get("embedding_dim")
+
+    def runs_on(key: str) -> str:  # the target the file was written for, as encoder.json lists it
+        entry = next((a for a in arts if a.get("format") == key), {})
+        return ipados(entry.get("deployment_target") or minimum_os(key, {}))
+
     inp, outp = side.get("input_name", "image"), side.get("output_name", "embedding")
     swift = ("let request = VNCoreMLRequest(model: try VNCoreMLModel(for: encoder(configuration: MLModelConfiguration()).model))\n"
              "request.imageCropAndScaleOption = .centerCrop\n"
@@ -573,7 +579,8 @@ def model_card(run: Run) -> str:
         "<h3>Metadata (in every artifact and in export/encoder.json)</h3>",
         table(["key", "value"], meta_rows, "card meta"),
         "<h3>In the iPad demo</h3>",
-        f"<p>Drag <code>encoder.mlpackage</code> (iPadOS 16+; <code>encoder.mlmodel</code> for iPadOS 13+) into the Xcode "
+        f"<p>Drag <code>encoder.mlpackage</code> ({esc(runs_on('mlpackage'))}; <code>encoder.mlmodel</code> for "
+        f"{esc(runs_on('mlmodel'))}) into the Xcode "
         f"project. It takes an RGB image <code>{esc(inp)}</code> of {esc(size)}×{esc(size)} pixels, 0..255 (normalisation "
         f"is inside the model), and returns <code>{esc(outp)}</code>, {esc(dim)} floats"
         f"{', L2-normalised: cosine similarity is a dot product' if side.get('l2_normalized') else ''}. Vision scales and "
