@@ -1,4 +1,5 @@
-"""Core ML writers: the ML Program (.mlpackage, iPadOS 15+) and the legacy NeuralNetwork (.mlmodel, iPadOS 13+).
+"""Core ML writers: the ML Program (.mlpackage) and the legacy NeuralNetwork (.mlmodel) for older iPads (their
+minimum iPadOS: export/formats.py).
 
 Both take the traced encoder (an ExportedProgram or TorchScript) and run on Linux: conversion needs no Mac, only
 prediction does. The input is an ImageType (RGB, the trained size, scale 1, bias 0), so Vision's VNCoreMLRequest can
@@ -22,13 +23,11 @@ from typing import Any
 import numpy as np
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME
+from export.formats import NEURALNETWORK_TARGET
 from export.metadata import as_strings, input_description, output_description
 from export.quiet import conversion_bars_off, import_coremltools
 from pipeline.errors import PipelineError
 
-# The NeuralNetwork is for iPads that cannot run an ML Program: the oldest target holding every op used. coremltools
-# treats a target as a ceiling and writes the lowest spec version the ops need, so a later target would change nothing.
-NEURALNETWORK_TARGET = "iOS13"
 POOL_OPS = ("reduce_mean", "avg_pool")  # the global pool; it and everything after it stay fp32
 FP32_TAIL_OPS = ("reduce_sum", "rsqrt")  # the L2 ops checked in the saved program
 # MIL proto DataType values of the program's tensors (coremltools/proto/MIL.proto)

@@ -31,6 +31,28 @@ def _write_onnx(*args, **kwargs):
     return write_onnx(*args, **kwargs)
 
 
+# The oldest iOS/iPadOS each Core ML file runs on, said once: export's lines, encoder.json (each artifact's
+# deployment_target), the report's model card and the --help of --deployment-target and --coreml-format read these.
+ML_PROGRAM_TARGET = "iOS16"  # the .mlpackage's default --deployment-target
+ML_PROGRAM_REACH = "every iPad from 2017 on"  # what iPadOS 16 runs on (the 5th-generation iPad and every later one)
+ML_PROGRAM_TARGETS = ("iOS15", "iOS16", "iOS17", "iOS18")
+# The .mlmodel is for iPads that cannot run an ML Program: the oldest target holding every op used. coremltools treats
+# a target as a ceiling and writes the lowest spec version the ops need, so a later target would change nothing.
+NEURALNETWORK_TARGET = "iOS13"
+
+
+def ipados(target: str) -> str:
+    """'iOS16' -> 'iPadOS 16+': Core ML names its targets for iOS, and iPadOS carries the same version numbers."""
+    return f"iPadOS {target.removeprefix('iOS')}+"
+
+
+def minimum_os(key: str, options: dict) -> str | None:
+    """The target a format's file is written for with these options (its --deployment-target or fixed); None: ONNX."""
+    if key == "mlpackage":
+        return options.get("deployment_target") or ML_PROGRAM_TARGET
+    return NEURALNETWORK_TARGET if key == "mlmodel" else None
+
+
 @dataclass(frozen=True)
 class Format:
     key: str  # the name in encoder.json and in --coreml-format
@@ -43,11 +65,10 @@ class Format:
 
 
 FORMATS: dict[str, Format] = {
-    "mlpackage": Format("mlpackage", "coreml", "encoder.mlpackage", "Core ML ML Program (iOS/iPadOS 15+)",
-                        ("fp16", "fp32"), {"deployment_target": ("iOS16", ("iOS15", "iOS16", "iOS17", "iOS18"))},
-                        _write_mlpackage),
-    "mlmodel": Format("mlmodel", "coreml", "encoder.mlmodel", "Core ML NeuralNetwork, one file (iOS/iPadOS 13+)",
-                      ("fp16", "fp32"), {}, _write_mlmodel),
+    "mlpackage": Format("mlpackage", "coreml", "encoder.mlpackage", "Core ML ML Program", ("fp16", "fp32"),
+                        {"deployment_target": (ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS)}, _write_mlpackage),
+    "mlmodel": Format("mlmodel", "coreml", "encoder.mlmodel", "Core ML NeuralNetwork, one file", ("fp16", "fp32"), {},
+                      _write_mlmodel),
     "onnx": Format("onnx", "onnx", "encoder.onnx", "ONNX, one file, dynamic batch",
                    ("fp32",), {"opset": (18, (18, 19, 20, 21))}, _write_onnx),  # 17: the torch.export exporter
     # writes 18 and cannot down-convert (its version converter fails on the Reduce ops)
@@ -101,5 +122,7 @@ def describe_table() -> str:
     rows = []
     for f in FORMATS.values():
         opts = ", ".join(f"{_flag(n)} {'|'.join(map(str, allowed))} (default {d})" for n, (d, allowed) in f.options.items())
-        rows.append(f"{f.key:10s} --to {f.to:6s} {f.file:18s} {'|'.join(f.precisions):10s} {opts}")
+        target = minimum_os(f.key, {})
+        runs_on = f"{ipados(target)}{' by default' if f.options.get('deployment_target') else ''}" if target else "ONNX Runtime"
+        rows.append(f"{f.key:10s} --to {f.to:6s} {f.file:18s} {'|'.join(f.precisions):10s} {runs_on:23s} {opts}")
     return "\n".join(rows)

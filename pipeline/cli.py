@@ -1,12 +1,16 @@
 """`pipeline`: the stages by hand. Each command is one stage reading and writing the run directory.
 
-Every PipelineError (and a few user-caused library errors) is printed as one line and exits 2; no traceback.
+Every PipelineError (and a few user-caused library errors) is printed as one line and exits 2; no traceback; so is
+every usage error click finds (unknown option, bad choice, missing value). Inputs a stage would miss (its data, the
+file an earlier stage makes) are checked here, torch-free, before the stage module (and torch, seconds) loads.
 """
 
 from __future__ import annotations
 
 import functools
+import shlex
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -14,6 +18,7 @@ import click
 from pipeline import rundir
 from pipeline.config import as_flags
 from pipeline.errors import PipelineError
+from stages.data_spec import check_image_folder, check_spec
 
 
 def one_line_errors(fn):
@@ -39,7 +44,57 @@ def one_line_errors(fn):
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class UsageLine(click.ClickException):
+    """A click usage error printed as the project's errors are: one `error: ...` line, exit 2."""
+
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+def _command_path(ctx: click.Context | None) -> list[str]:
+    names = []
+    while ctx is not None and ctx.parent is not None:  # the root's name is however python was started
+        names.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    return names
+
+
+@contextmanager
+def _usage_errors_on_one_line(command: list[str]):
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:
+        raise  # bare `pipeline`: the help it prints is what was asked for
+    except click.UsageError as e:  # some (a missing option value) come without a context: `command` names it then
+        where = _command_path(e.ctx) if e.ctx is not None else command
+        raise UsageLine(f"{e.format_message()} See `{shlex.join(['pipeline', *where, '--help'])}`.") from None
+
+
+class PipelineCommand(click.Command):
+    def make_context(self, info_name, args, parent=None, **extra):
+        with _usage_errors_on_one_line([*_command_path(parent), info_name] if parent else []):
+            return super().make_context(info_name, args, parent=parent, **extra)
+
+
+class Pipeline(click.Group):
+    """click's usage block (usage line, hint, message: three lines) becomes one line naming the --help to read:
+    the group's own options are parsed in its make_context, a subcommand's name in invoke, its options in the
+    subcommand's make_context."""
+
+    command_class = PipelineCommand
+
+    def make_context(self, *args, **kwargs):
+        with _usage_errors_on_one_line([]):
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _usage_errors_on_one_line([]):
+            return super().invoke(ctx)
+
+
+@click.group(cls=Pipeline, context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """Self-supervised image encoders, from a folder of images to a Core ML / ONNX model with proved parity."""
 
@@ -62,10 +117,14 @@ def _pretrain_command():
     def pretrain(config_file, out, resume, overwrite, gpus, **overrides):
         """Self-supervised pretraining (SimCLR, BYOL or MoCo v3) into a run directory. Ctrl-C (or SIGTERM) stops
         after the step under way and writes checkpoints/last.pt there; --resume goes on from it."""
+        run_dir = Path(out) if out else rundir.DEFAULT_RUN
+        spec = _pretrain_data(config_file, overrides, run_dir, resume)
+        if spec:
+            check_spec(spec)  # before torch loads and before the run folder exists
+
         from stages import distributed, runspec
         from stages import pretrain as stage
 
-        run_dir = Path(out) if out else rundir.DEFAULT_RUN
         if out is None:
             click.echo(f"using run {run_dir}")
         cfg = runspec.config_for_run(config_file, overrides, run_dir, resume, overwrite)  # a bad option fails here, once
@@ -79,6 +138,20 @@ def _pretrain_command():
             if distributed.env_rank() == 0:
                 click.echo(result["stopped"], err=True)
             sys.exit(130)  # what a shell reports for Ctrl-C: a script sees that training did not finish
+
+
+def _pretrain_data(config_file, overrides: dict, run_dir: Path, resume: bool) -> str | None:
+    """The data SPEC pretraining will read, from the same flags and files as runspec.config_for_run; None when a
+    --resume has no config.yaml (config_for_run says what is missing)."""
+    from pipeline.config import load_config
+    from stages.configs import PretrainConfig
+
+    saved = run_dir / rundir.CONFIG
+    if resume and not config_file:
+        if not saved.is_file():
+            return None
+        config_file = saved
+    return load_config(PretrainConfig, config_file, overrides).data
 
 
 GPUS_HELP = ("run N processes, one per GPU, through torchrun (what `torchrun --nproc-per-node N -m pipeline ...` "
@@ -116,9 +189,10 @@ def _bench_command():
 _bench_command()
 
 
-def stage_command(name, config_cls, module, help_, epilog=None, before=None, show=None):
-    """One stage as a command: its config's options as flags, plus --config and --run; `before(run_dir, cfg)` runs
-    first, `show(module, result)` prints the stage's result."""
+def stage_command(name, config_cls, module, help_, epilog=None, request=None, before=None, show=None):
+    """One stage as a command: its config's options as flags, plus --config and --run; `request(cfg)` refuses an
+    impossible request, then the stage's inputs are checked (check_inputs), `before(run_dir, cfg)` runs, and
+    `show(module, result)` prints the stage's result."""
     from pipeline.config import options_from
 
     @main.command(name, help=help_, epilog=epilog)
@@ -133,12 +207,58 @@ def stage_command(name, config_cls, module, help_, epilog=None, before=None, sho
 
         run_dir = rundir.resolve_run(run, say=click.echo)
         cfg = load_config(config_cls, config_file, overrides)
+        if request:
+            request(cfg)
+        check_inputs(name, run_dir, cfg)
         if before:
             before(run_dir, cfg)
         stage = importlib.import_module(module)
         result = stage.run(cfg, run_dir, say=click.echo)
         if show:
             show(stage, result)
+
+
+command_for = rundir.command_for
+
+
+def missing_input(name: str, run_dir: Path) -> str | None:
+    """The line for a stage whose input file is not there yet, naming the command that makes it: the earliest
+    one missing, and `pipeline export` for anything strip or trace make (it runs them itself). None: all there."""
+    ckpt, encoder = run_dir / rundir.LAST_CHECKPOINT, rundir.encoder_path(run_dir)
+    sidecar = run_dir / rundir.EXPORT / rundir.SIDECAR
+    if (name in ("linear-eval", "strip") or not encoder.is_file()) and not ckpt.is_file():
+        return f"no checkpoint at {ckpt}: run `{command_for('pretrain', run_dir)}` first"
+    if name == "trace" and not encoder.is_file():
+        return f"no stripped encoder at {encoder}: run `{command_for('strip', run_dir)}` first"
+    if name == "validate" and not (sidecar.is_file() and encoder.is_file()):
+        return f"nothing exported yet (no {sidecar if encoder.is_file() else encoder}): run `{command_for('export', run_dir)}` first"
+    return None
+
+
+def recorded_data(run_dir: Path) -> str:
+    """The data SPEC the run was trained on (its config.yaml), or "" before it has one."""
+    from pipeline.config import load_config
+    from stages.configs import PretrainConfig
+
+    path = run_dir / rundir.CONFIG
+    return load_config(PretrainConfig, path).data if path.is_file() else ""
+
+
+def check_inputs(name: str, run_dir: Path, cfg) -> None:
+    """What a stage would refuse first, refused before it loads: a missing input file, a data SPEC or --images
+    folder that cannot give an image."""
+    why = missing_input(name, run_dir) if name in STAGE_INPUTS else None
+    if why:
+        raise PipelineError(why)
+    if name in ("linear-eval", "validate"):
+        spec = getattr(cfg, "data", "") or recorded_data(run_dir)
+        if spec:
+            check_spec(spec)
+    if name == "validate" and cfg.images:
+        check_image_folder("--images", Path(cfg.images))
+
+
+STAGE_INPUTS = ("linear-eval", "strip", "trace", "export", "validate")  # the stages missing_input knows the inputs of
 
 
 def _stage_commands():
@@ -149,7 +269,7 @@ def _stage_commands():
 
     stage_command("linear-eval", EvalConfig, "stages.linear_eval",
                   "Linear probe and kNN on the run's frozen backbone, beside the same backbone at random init.",
-                  show=lambda stage, result: click.echo(stage.format_table(result)))
+                  show=_evaluation_table)
     stage_command("strip", StripConfig, "stages.strip",
                   "Backbone only (no projection/prediction head, no momentum network) + preprocessing -> RUN/export/encoder.pt.")
     stage_command("trace", TraceConfig, "stages.trace",
@@ -157,7 +277,7 @@ def _stage_commands():
     stage_command("export", ExportConfig, "stages.convert",
                   "Core ML (.mlpackage, .mlmodel) and ONNX from the trace, metadata inside, sidecar encoder.json. "
                   "Runs strip and trace first when their files are missing or stale, as make would.",
-                  before=_strip_and_trace_if_stale, epilog="\b\nFormats (format, --to, file, precisions, options):\n" + describe_table())
+                  request=_export_request, before=_strip_and_trace_if_stale, epilog="\b\nFormats (format, --to, file, precisions, runs on, options):\n" + describe_table())
     stage_command("validate", ValidateConfig, "stages.validate",
                   "Run every exported artifact (.mlpackage, .mlmodel, ONNX) on the val images and compare with PyTorch; "
                   "fails naming the artifact and the metric. Writes RUN/validate/parity.json.")
@@ -166,15 +286,25 @@ def _stage_commands():
                   "random init, retrieval grid, embedding map, parity, model card; opens offline, no JavaScript.")
 
 
-def _strip_and_trace_if_stale(run_dir: Path, cfg) -> None:
-    """Strip and trace are cheap and deterministic: `pipeline export` right after `pipeline pretrain` runs them (with
-    their default options) instead of stopping the user, one line each, as `make` would. An impossible format
-    request is refused first, before any work."""
+def _evaluation_table(stage, result: dict) -> None:
+    from stages.verdict import verdict_line
+
+    click.echo(stage.format_table(result))
+    click.echo(verdict_line(result))
+
+
+def _export_request(cfg) -> None:
+    """An impossible format request is refused first, before any input is looked at or any work done."""
     from export.formats import OPTION_NAMES, select_formats
-    from stages import strip, trace
-    from stages.configs import StripConfig, TraceConfig
 
     select_formats(cfg.to, cfg.coreml_format, cfg.precision, {name: getattr(cfg, name) for name in OPTION_NAMES})
+
+
+def _strip_and_trace_if_stale(run_dir: Path, cfg) -> None:
+    """Strip and trace are cheap and deterministic: `pipeline export` right after `pipeline pretrain` runs them (with
+    their default options) instead of stopping the user, one line each, as `make` would."""
+    from stages import strip, trace
+    from stages.configs import StripConfig, TraceConfig
 
     for name, stage, cfg, made in (("strip", strip, StripConfig(), "export/encoder.pt"),
                                    ("trace", trace, TraceConfig(), "export/trace.json")):
@@ -218,22 +348,30 @@ def doctor():
 @click.option("--run", type=click.Path(), default=None, help="run directory [default: runs/default]")
 @one_line_errors
 def show(run):
-    """Print a run's results from its files: the evaluation table and the parity table (what `make all` ends with)."""
-    from stages import linear_eval, provenance, validate
+    """Print a run's results from its files: the verdict, the evaluation table and the parity table (what `make all`
+    ends with)."""
+    from stages import provenance
+    from stages.report import LINEAR, PARITY
 
     run_dir = rundir.resolve_run(run, say=click.echo)
+    evaluated, validated = run_dir / rundir.EVAL / LINEAR, run_dir / rundir.VALIDATE / PARITY
+    if not (evaluated.is_file() or validated.is_file()):
+        first = "pretrain" if not (run_dir / rundir.LAST_CHECKPOINT).is_file() else "linear-eval"
+        raise PipelineError(f"{run_dir} has no {rundir.EVAL}/{LINEAR} or {rundir.VALIDATE}/{PARITY} yet: run "
+                            f"`{command_for(first, run_dir)}` (or `make all` for every stage)")
     provenance.check_results(run_dir)  # never a result of an earlier checkpoint beside the current one
-    shown = False
-    for path, fmt in ((run_dir / rundir.EVAL / "linear.json", linear_eval.format_table),
-                      (run_dir / rundir.VALIDATE / validate.PARITY, validate.format_table)):
-        if path.is_file():
-            click.echo(f"\n{path}:")
-            click.echo(fmt(rundir.load_json(path, "results")))
-            shown = True
-    if not shown:
-        raise PipelineError(f"{run_dir} has no eval/linear.json or validate/{validate.PARITY} yet: run `make all`")
-    report, again = run_dir / rundir.REPORT, provenance.command("report", run_dir)
-    now = provenance.current(run_dir)
+    from stages import linear_eval, validate
+    from stages.verdict import verdict_line
+
+    if evaluated.is_file():
+        result = rundir.load_json(evaluated, "linear-eval result")
+        click.echo(verdict_line(result))
+        click.echo(f"\n{evaluated}:\n{linear_eval.format_table(result)}")
+    else:
+        click.echo(f"verdict: not evaluated yet: run `{command_for('linear-eval', run_dir)}`")
+    if validated.is_file():
+        click.echo(f"\n{validated}:\n{validate.format_table(rundir.load_json(validated, 'parity result'))}")
+    report, again, now = run_dir / rundir.REPORT, command_for("report", run_dir), provenance.current(run_dir)
     if not report.is_file():
         click.echo(f"\nreport: not written yet: `{again}`")
     elif now is not None and not provenance.same(provenance.of_report(report), now):

@@ -7,6 +7,7 @@ import errno
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -140,7 +141,7 @@ def resolve_run(run: str | Path | None, *, must_exist: bool = True, say=print) -
     """The run a command works on: --run if given, else the one `make all` made. Says which, so the user knows."""
     path = Path(run) if run else DEFAULT_RUN
     if must_exist and not path.is_dir():
-        hint = " (run `make all` or `pipeline pretrain` first)" if run is None else ""
+        hint = " (run `make all` or `pipeline pretrain` first)" if run is None else f" (`pipeline pretrain --out {path}` makes it)"
         raise PipelineError(f"run directory {path} does not exist{hint}")
     if run is None:
         say(f"using run {path}")
@@ -201,3 +202,10 @@ def artifact_digest(path: Path) -> tuple[int, str]:
                 h.update(chunk)
         size += n
     return size, h.hexdigest()
+
+
+def command_for(name: str, run_dir: Path, *extra: str) -> str:
+    """The command line that makes a stage's files for this run, as the user would type it (no --run for the
+    default run, which every command reads when --run is left out)."""
+    here = [] if Path(run_dir) == DEFAULT_RUN else ["--out" if name == "pretrain" else "--run", str(run_dir)]
+    return shlex.join(["pipeline", name, *here, *extra])

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from export.formats import COREML_CHOICES, FORMATS, TO_CHOICES
+from export.formats import (COREML_CHOICES, ML_PROGRAM_REACH, ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS, NEURALNETWORK_TARGET,
+                            TO_CHOICES, ipados)
 from pipeline.config import opt
 
 METHOD_NAMES = ("simclr", "byol", "mocov3")  # = tuple(stages.methods.METHODS)
@@ -18,6 +19,14 @@ BACKBONE_NAMES = ("resnet18", "resnet34", "resnet50")  # = tuple(stages.backbone
 AUGMENT_MODES = ("auto", "cpu", "device")  # where views are made (stages.augment.augment_mode)
 PREPROCESS_CHOICES = ("auto", "torch", "coreml")  # per-image preprocessing backend (stages.preprocess)
 RECIPE_CHOICES = ("auto", "small", "paper")  # hyper-parameter sets by scale (stages.recipes)
+
+
+
+def by_recipe(small: str, paper: str) -> str:
+    """The help of an option the recipe fills when it is unset, with what each recipe sets it to. The values are
+    stages/recipes.py's (tests/pipeline/test_help.py holds them equal): importing them here would load torch."""
+    return f"None = the recipe's (--recipe): small: {small}; paper: {paper}"
+
 
 WEIGHTED_K = 200  # the protocol's k (Wu et al. 2018), used by every SSL paper that reports kNN accuracy
 TEMPERATURE = 0.1  # the protocol's T: exp(sim / 0.1) makes the nearest neighbours count far more than the 200th
@@ -27,30 +36,46 @@ MAJORITY_K = 20  # the plain vote most papers list beside the weighted one
 @dataclass
 class PretrainConfig:
     method: str = opt("simclr", "SSL method", choices=METHOD_NAMES)
-    recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD; stages/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100k train images, >= 30k steps, >= 65 px), else small. A flag or --config value always wins", choices=RECIPE_CHOICES)
+    recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD; stages/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100,000 train images, >= 30,000 steps, >= 65 px), else small. A flag or --config value always wins", choices=RECIPE_CHOICES)
     data: str = opt("digits", "data SPEC: digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
     backbone: str = opt("resnet18", "torchvision ResNet, random init", choices=BACKBONE_NAMES)
     small_stem: str = opt("auto", "3x3 stem without max-pool; auto = on for images <= 64 px", choices=("auto", "on", "off"))
-    image_size: int = opt(32, "training crop side in pixels; 32 keeps the CPU default run within minutes")
+    image_size: int = opt(32, "training crop side in pixels; 32 = CIFAR's, where the small recipes were measured. On a "
+                              "CPU it is slow: ~15 s of CPU time per step of 128 (2 free cores: the default 120 steps "
+                              "take 15-20 min, hours on a busy machine; `make all` trains digits at 8 px in minutes); "
+                              "`pipeline bench --device cpu` times a step on yours")
     store_size: int = opt(0, "side at which images are decoded and kept; 0 = image size for array datasets, 8/7 x for folders")
     epochs: int = opt(10, "passes over the train split")
     batch_size: int = opt(128, "global batch: images per step over all processes (each of N GPUs takes batch/N; each image gives two views)")
-    lr: float | None = opt(None, "base learning rate per 256 images; None = the method's paper value")
+    lr: float | None = opt(None, "base learning rate per 256 images; " + by_recipe(
+        "simclr 0.12, byol 0.03, mocov3 0.3", "simclr 0.3, byol 0.2, mocov3 0.6"))
     lr_scaling: str = opt("linear", "peak lr = lr x batch/256 (linear, as the papers) or lr x sqrt(batch/256)", choices=("linear", "sqrt", "none"))
-    optimizer: str | None = opt(None, "None = the method's paper optimizer (LARS)", choices=("lars", "sgd", "adamw"))
+    optimizer: str | None = opt(None, by_recipe("sgd (momentum 0.9)", "lars") + "; auto picks small below ImageNet "
+                                "scale, so sgd for any set of under 100,000 images", choices=("lars", "sgd", "adamw"))
     lars_eta: float = opt(0.001, "LARS trust coefficient: each weight matrix moves by about lr x eta of its norm per step (the papers' 0.001 suits their 100k+ steps; small data trains for a few thousand and wants more, e.g. 0.02)")
-    weight_decay: float | None = opt(None, "None = the method's paper value")
+    weight_decay: float | None = opt(None, by_recipe("simclr 5e-4, byol 2e-3, mocov3 5e-4", "simclr 1e-6, byol 1.5e-6, mocov3 1e-6"))
     warmup_epochs: float | None = opt(None, "linear warm-up before the cosine decay; None = the papers' 10 epochs, at most a tenth of the run")
-    temperature: float | None = opt(None, "softmax temperature (SimCLR, MoCo v3); None = paper value")
-    proj_dim: int | None = opt(None, "projector output size; None = paper value")
-    proj_hidden_dim: int | None = opt(None, "projector hidden size; None = paper value")
-    pred_hidden_dim: int | None = opt(None, "predictor hidden size (BYOL, MoCo v3); None = paper value")
-    pred_lr: float | None = opt(None, "the predictor's learning rate as a multiple of --lr (BYOL, MoCo v3); None = the recipe's (1 = the papers')")
-    proj_last_bn: str | None = opt(None, "BYOL only: BatchNorm without affine on the projector's output, as MoCo v3's and SimSiam's projectors; None = the recipe's (off = the paper's)", choices=("on", "off"))
-    crop_min_scale: float | None = opt(None, "smallest random crop as a share of the image's area (RandomResizedCrop's scale[0]); None = the recipe's")
-    solarize_p: float | None = opt(None, "chance that the second view is solarized (the papers: 0.2 for BYOL and MoCo v3, 0 for SimCLR; the first view never is); None = the recipe's")
-    momentum_base: float | None = opt(None, "EMA start of the momentum network, rises to 1 on a cosine (BYOL, MoCo v3)")
-    queue_size: int | None = opt(None, "MoCo v3 only: extra negatives from a ring buffer of past keys; 0 = none")
+    temperature: float | None = opt(None, "softmax temperature (SimCLR, MoCo v3); " + by_recipe(
+        "simclr 0.5, mocov3 0.2", "simclr 0.5, mocov3 1"))
+    proj_dim: int | None = opt(None, "projector output size; " + by_recipe(
+        "simclr 128, byol 256, mocov3 256", "simclr 128, byol 256, mocov3 256"))
+    proj_hidden_dim: int | None = opt(None, "projector hidden size; " + by_recipe(
+        "simclr 512, byol 1024, mocov3 4096", "simclr 2048, byol 4096, mocov3 4096"))
+    pred_hidden_dim: int | None = opt(None, "predictor hidden size (BYOL, MoCo v3); " + by_recipe(
+        "byol 1024, mocov3 4096", "byol 4096, mocov3 4096"))
+    pred_lr: float | None = opt(None, "the predictor's learning rate as a multiple of --lr (BYOL, MoCo v3); " + by_recipe(
+        "byol 10, mocov3 1", "byol 1, mocov3 1"))
+    proj_last_bn: str | None = opt(None, "BYOL only: BatchNorm without affine on the projector's output, as MoCo v3's "
+                                         "and SimSiam's projectors; " + by_recipe("byol on", "byol off"), choices=("on", "off"))
+    crop_min_scale: float | None = opt(None, "smallest random crop as a share of the image's area (RandomResizedCrop's "
+                                             "scale[0]); " + by_recipe("simclr 0.08, byol 0.25, mocov3 0.25",
+                                                                       "simclr 0.08, byol 0.08, mocov3 0.08"))
+    solarize_p: float | None = opt(None, "chance that the second view is solarized (the first view never is); " + by_recipe(
+        "simclr 0, byol 0.2, mocov3 0.2", "simclr 0, byol 0.2, mocov3 0.2"))
+    momentum_base: float | None = opt(None, "EMA start of the momentum network, rises to 1 on a cosine (BYOL, MoCo v3); "
+                                      + by_recipe("byol 0.9, mocov3 0.9", "byol 0.99, mocov3 0.99"))
+    queue_size: int | None = opt(None, "MoCo v3 only: extra negatives from a ring buffer of past keys (0 = none); "
+                                 + by_recipe("mocov3 0", "mocov3 0"))
     val_fraction: float = opt(0.1, "held out for evaluation, never trained on (CIFAR uses its own test set)")
     device: str = opt("auto", "auto picks mps > cuda > cpu", choices=("auto", "cpu", "cuda", "mps"))
     precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU; fp32 everywhere to debug", choices=("auto", "fp32"))
@@ -108,10 +133,11 @@ class ExportConfig:
     to: str = opt("all", "which formats: coreml (.mlpackage + .mlmodel), onnx, or all", choices=TO_CHOICES)
     precision: str | None = opt(None, "None = each format's default: fp16 for Core ML (half the size, the Neural "
                                       "Engine's type), fp32 for ONNX", choices=("fp16", "fp32"))
-    coreml_format: str | None = opt(None, "None = both: the ML Program for iPadOS 15+, the one-file NeuralNetwork for "
-                                          "older iPads", choices=tuple(COREML_CHOICES))
-    deployment_target: str | None = opt(None, "ML Program minimum OS; None = iOS16 (iPadOS 16 runs on every iPad "
-                                              "since 2017)", choices=FORMATS["mlpackage"].options["deployment_target"][1])
+    coreml_format: str | None = opt(None, f"None = both: the ML Program ({ipados(ML_PROGRAM_TARGET)} at the default "
+                                          f"--deployment-target), the one-file NeuralNetwork for older iPads "
+                                          f"({ipados(NEURALNETWORK_TARGET)})", choices=tuple(COREML_CHOICES))
+    deployment_target: str | None = opt(None, f"ML Program minimum OS; None = {ML_PROGRAM_TARGET} "
+                                              f"({ipados(ML_PROGRAM_TARGET)}: {ML_PROGRAM_REACH})", choices=ML_PROGRAM_TARGETS)
     opset: int | None = opt(None, "ONNX opset; None = 18, the lowest the torch.export-based exporter writes natively")
     author: str = opt("ssl-edge-pipeline", "shown in Xcode's model view")
     license: str = opt("MIT", "the pipeline's license; set the terms of your training data if they differ")

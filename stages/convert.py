@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from export.encoder import load_encoder
-from export.formats import FORMATS, OPTION_NAMES, select_formats
+from export.formats import FORMATS, OPTION_NAMES, ipados, minimum_os, select_formats
 from export.metadata import build_metadata
 from export.traced import example_input, load_traced
 from pipeline import rundir
@@ -103,7 +103,8 @@ def run(cfg: ExportConfig, run_dir: Path, say=print) -> dict:
     try:
         written = []
         for fmt, precision, own in plan:
-            say(f"writing {fmt.file}: {fmt.what}, {precision} ...")
+            target = minimum_os(fmt.key, own)
+            say(f"writing {fmt.file}: {fmt.what}{f' for {ipados(target)}' if target else ''}, {precision} ...")
             detail = fmt.writer(program, staging / fmt.file, meta, precision, {**own, "example": example})
             if not (staging / fmt.file).exists():
                 raise PipelineError(f"the {fmt.key} writer finished without writing {fmt.file}")

@@ -7,6 +7,7 @@ distributed), `synthetic:N` (generated, labelled, for tests).
 Every image is decoded once, converted to RGB correctly (EXIF rotation, alpha, CMYK, 16-bit) and stored square at
 `store_size`; augmentation and evaluation crop from that tensor. This keeps epochs free of JPEG decoding and lets
 the whole set live on the training device. A file that cannot be decoded is skipped and listed, never fatal.
+What can be checked without decoding (a missing or empty folder, no image in it) is stages/data_spec.py's, torch-free.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from pipeline.errors import PipelineError
-
-SPEC_KINDS = ("digits", "folder", "cifar10", "cifar100", "synthetic")
+from stages.data_spec import cifar_files, cifar_root, folder_files, no_usable_images, parse_spec, synthetic_count
 
 
 @dataclass
@@ -48,37 +48,20 @@ def store_size_for(spec: str, image_size: int, store_size: int = 0) -> int:
     return round(image_size * 8 / 7) if spec.startswith("folder:") else image_size
 
 
-def parse_spec(spec: str) -> tuple[str, str]:
-    kind, _, arg = spec.partition(":")
-    if kind not in SPEC_KINDS:
-        raise PipelineError(f"unknown data SPEC {spec!r}: use digits, folder:PATH, cifar10:PATH, cifar100:PATH or synthetic:N")
-    if kind == "digits" and arg:
-        raise PipelineError(f"data SPEC `digits` takes no argument, got {spec!r}")
-    if kind != "digits" and not arg:
-        raise PipelineError(f"data SPEC {spec!r} needs an argument, e.g. {kind}:{'N' if kind == 'synthetic' else 'PATH'}")
-    return kind, arg
-
-
 def load_data(spec: str, store_size: int, seed: int = 0) -> ImageData:
     """Load a SPEC at `store_size` pixels square. Raises PipelineError for anything a user can get wrong."""
     kind, arg = parse_spec(spec)
     if kind == "digits":
         data = _load_digits(store_size)
     elif kind == "synthetic":
-        try:
-            n = int(arg)
-        except ValueError:
-            raise PipelineError(f"synthetic:N needs an integer N, got {arg!r}") from None
-        if n <= 0:
-            raise PipelineError(f"synthetic:N needs N > 0, got {n}")
-        data = make_synthetic(n, store_size, seed)
+        data = make_synthetic(synthetic_count(arg), store_size, seed)
     elif kind in ("cifar10", "cifar100"):
         data = _load_cifar(kind, Path(arg), store_size)
     else:
         data = _load_folder(Path(arg), store_size)
     data.spec = spec
-    if len(data) == 0:
-        raise PipelineError(f"dataset {spec!r} has no usable images" + (f" ({len(data.skipped)} files skipped)" if data.skipped else ""))
+    if len(data) == 0:  # every file failed to decode (stages/data_spec.check_folder already refused folders without one)
+        raise no_usable_images(spec, Path(arg), data.skipped)
     return data
 
 
@@ -100,9 +83,9 @@ def count_train_images(spec: str, val_fraction: float) -> int:
         root = Path(arg)
         if not root.is_dir():
             return 0
-        dirs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
-        groups = [[f for f in d.rglob("*") if f.is_file() and not f.name.startswith(".")] for d in dirs] or [_list_files(root)]
-        counts = np.array([len(g) for g in groups], dtype=np.int64)
+        classes, files, labels, _ = folder_files(root)
+        counts = (np.bincount(np.asarray(labels, dtype=np.int64), minlength=len(classes)) if labels is not None
+                  else np.array([len(files)], dtype=np.int64))
     if not 0.0 <= val_fraction < 1.0:
         return int(counts.sum())  # make_split reports the bad fraction
     return int(sum(c - int(round(c * val_fraction)) for c in counts))  # make_split's per-class rounding
@@ -174,19 +157,10 @@ def _unpickle(path: Path) -> dict:
 
 
 def _load_cifar(kind: str, root: Path, store_size: int) -> ImageData:
-    if not root.exists():
-        raise PipelineError(f"{kind} path does not exist: {root}")
-    inner = "cifar-10-batches-py" if kind == "cifar10" else "cifar-100-python"
-    if (root / inner).is_dir():
-        root = root / inner
-    if kind == "cifar10":
-        train_files, test_files, meta_file, label_key, names_key = (
-            [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "batches.meta", b"labels", b"label_names")
-    else:
-        train_files, test_files, meta_file, label_key, names_key = (["train"], ["test"], "meta", b"fine_labels", b"fine_label_names")
-    missing = [f for f in train_files + test_files + [meta_file] if not (root / f).is_file()]
-    if missing:
-        raise PipelineError(f"{root} is not a {kind} python-pickle folder: missing {', '.join(missing)}")
+    root = cifar_root(kind, root)
+    *train_files, test_file, meta_file = cifar_files(kind)
+    test_files = [test_file]
+    label_key, names_key = (b"labels", b"label_names") if kind == "cifar10" else (b"fine_labels", b"fine_label_names")
     parts, labels, is_val = [], [], []
     for names, val in ((train_files, False), (test_files, True)):
         for name in names:
@@ -230,33 +204,15 @@ def decode_image(path: Path, size: int) -> np.ndarray:
 def _try_decode(path: Path, size: int):
     try:
         return decode_image(path, size), None
-    except Exception as e:  # PIL raises many types for non-images and truncated files
+    except UnidentifiedImageError:
+        return None, "not an image Pillow reads"
+    except Exception as e:  # PIL raises many types for damaged and truncated files
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         return None, f"{type(e).__name__}: {msg}"
 
 
-def _list_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith("."))
-
-
 def _load_folder(root: Path, store_size: int) -> ImageData:
-    if not root.exists():
-        raise PipelineError(f"folder does not exist: {root}")
-    if not root.is_dir():
-        raise PipelineError(f"folder:PATH must be a directory, got file {root}")
-    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    skipped: list[tuple[str, str]] = []
-    if class_dirs:
-        classes = [d.name for d in class_dirs]
-        files, labels = [], []
-        for ci, d in enumerate(class_dirs):
-            for f in sorted(p for p in d.rglob("*") if p.is_file() and not p.name.startswith(".")):
-                files.append(f)
-                labels.append(ci)
-        for f in _list_files(root):
-            skipped.append((str(f), "not inside a class folder"))
-    else:
-        classes, files, labels = [], _list_files(root), None
+    classes, files, labels, skipped = folder_files(root)
     workers = min(16, (os.cpu_count() or 1) * 2)  # PIL releases the GIL while decoding
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(lambda f: _try_decode(f, store_size), files))

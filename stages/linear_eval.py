@@ -371,6 +371,9 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
     selection = result.pop("linear_selection")
     del result["knn_k_used"], result["majority_k_used"]  # the protocol records them
     out = {**result, "num_train": len(train_y), "num_val": len(val_y), "num_classes": num_classes}
+    # what tells a probe that cannot be read (stages/verdict.py): a kNN k above a class's size, a score at chance
+    out["train_per_class"] = dict(zip(data.classes, np.bincount(train_y, minlength=num_classes).tolist()))
+    out["chance_top1"] = float(np.bincount(val_y, minlength=num_classes).max() / len(val_y))  # the best constant guess
     out["protocol"] = {
         "data": data.spec, "split": f"recorded {rundir.SPLIT}" if own else f"fresh per-class split (seed {run_cfg.seed}, val_fraction {run_cfg.val_fraction})",
         "image_size": run_cfg.image_size, "store_size": int(data.images.shape[-1]),

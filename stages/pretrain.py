@@ -34,6 +34,7 @@ from stages import distributed, preprocess, provenance, recipes
 from stages.backbones import uses_small_stem
 from stages.configs import PretrainConfig
 from stages.data import ImageData, load_data, make_split
+from stages.data_spec import files, named
 from stages.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, store_size_for, validate
 from stages.training import (StopRequest, Training, augment_mode, build_training, default_workers, keep_on_device,
                              rng_state, set_rng_state, train_step, view_batches)
@@ -172,12 +173,6 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
         raise PipelineError(f"batch size {cfg.batch_size} does not split over {world} processes: use a multiple of {world}")
     seed_everything(cfg.seed)
     data, split, train_images = train_split(cfg, run_dir, resume)
-    if main:
-        if not resume:  # an --overwrite's old run, or what a pretraining stopped before its first checkpoint left
-            rundir.remove_run(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if data.skipped:
-            rundir.write_text_atomic(run_dir / rundir.SKIPPED, "".join(f"{f}\t{why}\n" for f, why in data.skipped))
     mode = augment_mode(cfg.augment, device)
     pre, pre_note = preprocess.for_training(cfg.preprocess, mode, cfg.image_size)  # coreml where it cannot run fails here
     if mode == "device":
@@ -185,12 +180,20 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
     steps_per_epoch = len(train_images) // cfg.batch_size
     training, feat_dim = build_training(cfg, device, steps_per_epoch)
     step, wall_before = restore(training, run_dir, world) if resume else (0, 0.0)
+    # The run folder is made only now, after every check of the input: a refused run leaves no folder behind.
+    if main:
+        if not resume:  # an --overwrite's old run, or what a pretraining stopped before its first checkpoint left
+            rundir.remove_run(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if data.skipped:
+            rundir.write_text_atomic(run_dir / rundir.SKIPPED, "".join(f"{f}\t{why}\n" for f, why in data.skipped))
     if main and not resume:
         rundir.write_json_atomic(run_dir / rundir.SPLIT, split)
     # Said only now, after every check of the input above: a bad input's error stays the one line printed.
     say(f"recipe {recipe} ({recipe_why}): {recipes.RECIPES[recipe][cfg.method].source}")
     if data.skipped:
-        say(f"warning: skipped {len(data.skipped)} unreadable or non-image files (listed in {run_dir / rundir.SKIPPED})")
+        say(f"warning: skipped {files(len(data.skipped))} of {cfg.data} that are not readable images: "
+            f"{named(data.skipped, Path(cfg.data.partition(':')[2]))} (all listed in {run_dir / rundir.SKIPPED})")
     if resume:
         say(f"resuming {run_dir} at step {step} (epoch {step // steps_per_epoch})")
     if main:

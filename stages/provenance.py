@@ -57,7 +57,7 @@ def same(recorded: dict | None, now: dict) -> bool:
 
 
 def command(name: str, run_dir: Path, *extra: str) -> str:
-    return shlex.join(["pipeline", name, "--run", str(run_dir), *extra])
+    return rundir.command_for(name, run_dir, *extra)
 
 
 def check(path: Path, recorded: dict | None, run_dir: Path, rerun: str, now: dict | None = None) -> None:

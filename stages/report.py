@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from export.formats import ipados, minimum_os
 from pipeline import rundir
 from pipeline.rundir import SIDECAR
 from pipeline.config import opt
 from pipeline.errors import PipelineError
-from stages import provenance
+from stages import provenance, verdict
 
 # numpy, torch, sklearn and matplotlib are imported where used: `pipeline --help` imports this module for
 # ReportConfig's flags and should stay instant.
@@ -290,11 +291,13 @@ def evaluation(run: Run) -> str:
     names = {"top1": "linear top-1", "top5": "linear top-5",
              "knn_top1": f"kNN top-1 (k={knn['k_used']}, T={knn['temperature']:g})",
              "knn_majority_top1": f"kNN top-1 (k={knn['majority_k_used']}, majority)"}
-    rows = [[name, pct(r[k]), pct(r["baseline"][k]),
-             "n/a" if r[k] is None or r["baseline"][k] is None else f"{100 * (r[k] - r['baseline'][k]):+.1f}"]
+    found = {(p.few, p.key): p for p in verdict.probes(r)}
+    rows = [marked([name, pct(r[k]), pct(r["baseline"][k]),
+                    "n/a" if r[k] is None or r["baseline"][k] is None else f"{100 * (r[k] - r['baseline'][k]):+.1f}"],
+                   found.get((False, k)))
             for k, name in names.items()]
     ck = r["checkpoint"]
-    out = [table(["metric", "pretrained %", "random init %", "gain (points)"], rows, "num"),
+    out = [table(["metric", "pretrained %", "random init %", "gain (points)", "reading"], rows, "num"),
            f"<p class=note>{r['num_train']:,} train / {r['num_val']:,} val images, {r['num_classes']} classes, "
            f"{esc(r['protocol']['data'])}; {esc(ck['method'])}/{esc(ck['backbone'])} at step {ck['step']}; the random "
            f"init is the network this run started from (same seed). Linear: {esc(r['protocol']['linear']['model'])}, "
@@ -305,22 +308,44 @@ def evaluation(run: Run) -> str:
                    f"<code>{esc(run.cmd('linear-eval'))}</code></p>")
     few = r.get("labels_per_class")
     if not few or "per_draw" not in few:
+        out.append(unread_note(found.values()))
         out.append(f"<h3>Few labels</h3>\n<p class=missing>not run yet: <code>{esc(run.cmd('linear-eval', '--labels-per-class', '5'))}"
                    f"</code></p>")
         return "\n".join(out)
     fk = {"top1": "linear top-1", "knn_top1": f"kNN top-1 (k={few['knn_k_used']}, T={knn['temperature']:g})",
           "knn_majority_top1": f"kNN top-1 (k={few['majority_k_used']}, majority)"}
-    rows = [[f"{name}, {few['k']}/class", mean_std(few[k], few["std"]["pretrained"][k]),
-             mean_std(few["baseline"][k], few["std"]["baseline"][k]), mean_std(few["gain"][k], few["gain_std"][k], "+")]
+    rows = [marked([f"{name}, {few['k']}/class", mean_std(few[k], few["std"]["pretrained"][k]),
+                    mean_std(few["baseline"][k], few["std"]["baseline"][k]), mean_std(few["gain"][k], few["gain_std"][k], "+")],
+                   found.get((True, k)))
             for k, name in fk.items()]
-    draws = [(name, [d[k] for d in few["per_draw"]], [d["baseline"][k] for d in few["per_draw"]]) for k, name in fk.items()]
+    charted = [(k, name) for k, name in fk.items() if getattr(found.get((True, k)), "outcome", "") != "unreadable"]
+    draws = [(name, [d[k] for d in few["per_draw"]], [d["baseline"][k] for d in few["per_draw"]]) for k, name in charted]
     out += [f"<h3>Few labels: {few['k']} per class, {few['draws']} draws</h3>",
-            table(["metric", "pretrained %", "random init %", "paired gain (points)"], rows, "num"),
+            table(["metric", "pretrained %", "random init %", "paired gain (points)", "reading"], rows, "num"),
             f"<p class=note>mean ± std over {few['draws']} draws of {few['k']} labelled train images per class (the "
             f"same images for both backbones in each draw); the gain is the mean ± std of the per-draw differences. "
-            f"Dots: each draw; squares and bars: mean ± std.</p>",
-            str(img(few_label_draws(draws), "few-label top-1 per draw, pretrained vs random init"))]
-    return "\n".join(out)
+            f"Dots: each draw; squares and bars: mean ± std"
+            f"{'; probes marked not read are not charted' if len(charted) < len(fk) else ''}.</p>"]
+    if draws:
+        out.append(str(img(few_label_draws(draws), "few-label top-1 per draw, pretrained vs random init")))
+    return "\n".join(out + [unread_note(found.values())])
+
+
+def marked(row: list, probe) -> list:
+    """A table row of one probe, with its reading: better / level / worse, or greyed and "not read: why"."""
+    if probe is None:
+        return row + [""]
+    if probe.outcome != "unreadable":
+        return row + [Raw(f'<span title="level = a gain within ±{probe.level_within:.1f} points">{probe.outcome}</span>')]
+    grey = [Raw(f'<span class="unread">{esc(v)}</span>') for v in row[1:]]
+    return [row[0], *grey, Raw(f'<span class="unread-why">not read: {esc(probe.why)}</span>')]
+
+
+def unread_note(found) -> str:
+    """What each reason for not reading a probe means, once, below the tables."""
+    reasons = sorted({p.reason for p in found if p.outcome == "unreadable"})
+    return "".join(f"<p class=note><b>Not read</b> ({esc(', '.join(p.title for p in found if p.reason == why))}): "
+                   f"{esc(verdict.EXPLAIN[why])}; left out of the verdict.</p>" for why in reasons)
 
 
 def newest_step(run: Run) -> int | None:
@@ -539,6 +564,11 @@ def model_card(run: Run) -> str:
     meta_rows = [[k, v if isinstance(v, str) else json.dumps(v)] for k, v in side.items()
                  if k not in skip and not isinstance(v, dict)]
     size, dim = side.get("image_size"), side.get("embedding_dim")
+
+    def runs_on(key: str) -> str:  # the target the file was written for, as encoder.json lists it
+        entry = next((a for a in arts if a.get("format") == key), {})
+        return ipados(entry.get("deployment_target") or minimum_os(key, {}))
+
     inp, outp = side.get("input_name", "image"), side.get("output_name", "embedding")
     swift = ("let request = VNCoreMLRequest(model: try VNCoreMLModel(for: encoder(configuration: MLModelConfiguration()).model))\n"
              "request.imageCropAndScaleOption = .centerCrop\n"
@@ -549,7 +579,8 @@ def model_card(run: Run) -> str:
         "<h3>Metadata (in every artifact and in export/encoder.json)</h3>",
         table(["key", "value"], meta_rows, "card meta"),
         "<h3>In the iPad demo</h3>",
-        f"<p>Drag <code>encoder.mlpackage</code> (iPadOS 16+; <code>encoder.mlmodel</code> for iPadOS 13+) into the Xcode "
+        f"<p>Drag <code>encoder.mlpackage</code> ({esc(runs_on('mlpackage'))}; <code>encoder.mlmodel</code> for "
+        f"{esc(runs_on('mlmodel'))}) into the Xcode "
         f"project. It takes an RGB image <code>{esc(inp)}</code> of {esc(size)}×{esc(size)} pixels, 0..255 (normalisation "
         f"is inside the model), and returns <code>{esc(outp)}</code>, {esc(dim)} floats"
         f"{', L2-normalised: cosine similarity is a dot product' if side.get('l2_normalized') else ''}. Vision scales and "
@@ -589,6 +620,8 @@ th.pretrained { color: #1f6fb5; } th.random { color: #d9822b; }
 .worst { display: flex; gap: 14px; align-items: center; margin: 6px 0; } .worst figure { margin: 0; text-align: center; }
 .worst img { width: 112px; height: auto; } .worst figcaption { font-size: 11px; color: #5b6670; }
 .note { color: #5b6670; font-size: 13px; } .warn { color: #a14b00; } .missing { color: #a14b00; font-weight: 600; }
+.verdict { font-size: 15px; font-weight: 600; margin: 6px 0 10px; }
+.unread { color: #9aa3ab; text-decoration: line-through; } .unread-why { color: #a14b00; }
 .pass { color: #2e9e55; font-weight: 700; } .fail { color: #d64541; font-weight: 700; }
 pre { background: #f4f6f8; padding: 8px 10px; overflow-x: auto; font-size: 12px; }
 details summary { cursor: pointer; color: #1f6fb5; }
@@ -607,6 +640,7 @@ $provenance
 <body>
 <h1>$title</h1>
 <p class="sub">$subtitle</p>
+$verdict
 <nav>$nav</nav>
 $sections
 </body>
@@ -619,6 +653,16 @@ def validate(cfg: ReportConfig) -> None:
         raise PipelineError(f"--queries and --neighbours must be >= 1, got {cfg.queries} and {cfg.neighbours}")
     if cfg.tsne_max < 0 or cfg.map_max < 2:
         raise PipelineError(f"--tsne-max must be >= 0 and --map-max >= 2, got {cfg.tsne_max} and {cfg.map_max}")
+
+
+def verdict_paragraph(run: Run) -> str:
+    """The page's first line: what the evaluation found (stages/verdict.py), the same line `pipeline show` prints."""
+    try:
+        return f'<p class="verdict">{esc(verdict.verdict_line(run.linear()))}</p>'
+    except NotRun as e:
+        return f'<p class="verdict missing">verdict: not evaluated yet: <code>{esc(e)}</code></p>'
+    except PipelineError as e:
+        return f'<p class="verdict warn">verdict: cannot read the evaluation: {esc(e)}</p>'
 
 
 def build(cfg: ReportConfig, run_dir: Path, say=print) -> str:
@@ -638,7 +682,7 @@ def build(cfg: ReportConfig, run_dir: Path, say=print) -> str:
         nav.append(f'<a href="#{anchor}">{esc(title.split(":")[0])}</a>')
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return PAGE.substitute(title=esc(f"Run report: {run.dir.resolve().name}"), style=STYLE, nav="".join(nav),
-                           provenance=provenance.report_tag(run.dir),
+                           provenance=provenance.report_tag(run.dir), verdict=verdict_paragraph(run),
                            subtitle=esc(f"{run.dir} · written {when} by `pipeline report`"), sections="\n".join(parts))
 
 

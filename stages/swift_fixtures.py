@@ -202,9 +202,10 @@ def _pick(labels: np.ndarray, candidates: list[int], per_class: int, num_classes
 def checked_export(run_dir: Path) -> tuple[dict, str]:
     """(export/encoder.json, export/encoder.pt's sha256): the sidecar must come from the encoder beside it."""
     sidecar_path, enc = run_dir / rundir.EXPORT / rundir.SIDECAR, rundir.encoder_path(run_dir)
+    if not (sidecar_path.is_file() and enc.is_file()):  # `pipeline export` makes both (it runs strip itself)
+        raise PipelineError(f"nothing exported yet (no {sidecar_path if enc.is_file() else enc}): run "
+                            f"`pipeline export --run {run_dir} --to coreml` first")
     sidecar = rundir.load_json(sidecar_path, "export sidecar")
-    if not enc.is_file():
-        raise PipelineError(f"no stripped encoder at {enc}: run `pipeline strip` first")
     encoder_sha = rundir.file_sha256(enc)
     if sidecar.get("encoder_sha256") != encoder_sha:
         raise PipelineError(f"{sidecar_path} was made from another encoder.pt: run `pipeline export` again")

@@ -72,23 +72,26 @@ def folder_images(folder: Path, size: int, cap: int, say=print) -> tuple[torch.T
     """Every readable image under `folder` (sorted, recursive), decoded to size x size RGB like a photo: EXIF
     orientation applied, shorter side resized, center-cropped. Unreadable files are skipped and counted."""
     from stages.data import decode_image
+    from stages.data_spec import files as n_files
+    from stages.data_spec import named
 
     if not folder.is_dir():
         raise PipelineError(f"--images {folder}: not a directory")
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.parts))
-    arrays, sources, skipped = [], [], 0
+    arrays, sources, skipped = [], [], []
     for f in files:
         if len(arrays) >= cap:
             break
         try:
             arrays.append(decode_image(f, size))
             sources.append(str(f))
-        except Exception:  # PIL raises many types for non-images and truncated files
-            skipped += 1
-    if skipped:
-        say(f"warning: skipped {skipped} unreadable or non-image files under {folder}")
+        except Exception as e:  # PIL raises many types for non-images and truncated files
+            skipped.append((str(f), type(e).__name__))
     if not arrays:
-        raise PipelineError(f"--images {folder}: no readable images")
+        raise PipelineError(f"--images {folder}: no readable images ({n_files(len(skipped))} skipped: "
+                            f"{named(skipped, folder)})")
+    if skipped:
+        say(f"warning: skipped {len(skipped)} unreadable or non-image files under {folder}: {named(skipped, folder)}")
     return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous(), sources
 
 
@@ -161,7 +164,9 @@ def _row(entry: dict, runtime: str, precision: str, metrics: dict, failures: lis
 def listed_artifacts(run_dir: Path) -> list[dict]:
     """The artifacts export/encoder.json lists, each known to the format table and present on disk."""
     export_dir, sidecar_path = run_dir / rundir.EXPORT, run_dir / rundir.EXPORT / SIDECAR
-    sidecar = rundir.load_json(sidecar_path, "export sidecar (run `pipeline export` first)")
+    if not sidecar_path.is_file():
+        raise PipelineError(f"nothing exported yet (no {sidecar_path}): run `pipeline export` first")
+    sidecar = rundir.load_json(sidecar_path, "export sidecar")
     artifacts = sidecar.get("artifacts") if isinstance(sidecar, dict) else None
     if not artifacts:
         raise PipelineError(f"{sidecar_path} lists no artifacts: run `pipeline export`")
@@ -224,9 +229,9 @@ def check_made_from(run_dir: Path, state: dict, artifacts: list[dict], encoder_s
 
 def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     check(cfg)
+    artifacts = listed_artifacts(run_dir)  # first: with nothing exported, `pipeline export` is what to run
     encoder, state = load_encoder(encoder_path(run_dir))
     size = int(state["image_size"])
-    artifacts = listed_artifacts(run_dir)
     encoder_sha = file_sha256(encoder_path(run_dir))
     check_made_from(run_dir, state, artifacts, encoder_sha)
     images, sources, n_val = check_images(cfg, run_dir, size, say)

@@ -64,8 +64,7 @@ def test_cli_refuses_bad_requests_before_any_work(tmp_path):
     (tmp_path / "bad.yaml").write_text("to: onnx\nfrobnicate: 1\n")
     _one_line_error(_cli("export", "--run", empty, "--config", tmp_path / "bad.yaml"), "unknown key `frobnicate`")
     for args in (["--to", "tflite"], ["--coreml-format", "mlmodelc"], ["--frobnicate"]):  # click's own usage errors
-        res = _cli("export", "--run", empty, *args)
-        assert res.exit_code == 2 and "Error:" in res.output and "Traceback" not in res.output
+        _one_line_error(_cli("export", "--run", empty, *args), "See `pipeline export --help`")
     assert list(empty.iterdir()) == []
 
 

@@ -202,6 +202,8 @@ def test_linear_json_contract(trained):
         assert key in r and key in r["baseline"] and key in r["labels_per_class"]["baseline"]
     assert 0 <= r["top1"] <= 1 and r["top5"] is None  # 4 classes: top-5 would be trivially 100%
     assert (r["num_train"], r["num_val"]) == (len(split["train"]), len(split["val"]))
+    assert sum(r["train_per_class"].values()) == r["num_train"] and len(r["train_per_class"]) == r["num_classes"]
+    assert 1 / r["num_classes"] <= r["chance_top1"] < 1  # the share of the largest val class (stages/verdict.py)
     assert r["protocol"]["knn"]["k_used"] == min(200, r["num_train"]) and r["protocol"]["knn"]["temperature"] == 0.1
     assert r["protocol"]["linear"]["pretrained"]["c"] in le.C_GRID
     few = r["labels_per_class"]
@@ -350,5 +352,6 @@ def test_cli_prints_table_and_one_line_errors(trained, tmp_path):
     res = CliRunner().invoke(main, ["linear-eval", "--run", str(tmp_path / "empty")])
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert res.output.strip().splitlines()[-1].startswith("error: no checkpoint at")
-    res = CliRunner().invoke(main, ["linear-eval", "--run", str(tmp_path / "empty"), "--label-draws", "0"])
+    (tmp_path / "bad").mkdir()  # a run that has a checkpoint: on an empty one the missing checkpoint is said first
+    res = CliRunner().invoke(main, ["linear-eval", "--run", str(_shadow(trained, tmp_path / "bad")), "--label-draws", "0"])
     assert res.exit_code == 2 and res.output.strip().splitlines()[-1].startswith("error: --label-draws must be >= 1")

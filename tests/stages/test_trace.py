@@ -74,6 +74,8 @@ def test_trace_falls_back_to_jit_and_refuses_stale_or_truncated_traces(tmp_path,
 
 
 def test_trace_without_strip_is_a_one_line_error(tmp_path):
-    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / rundir.CHECKPOINTS).mkdir(parents=True)
+    (tmp_path / "run" / rundir.LAST_CHECKPOINT).write_bytes(b"")  # pretrained, not stripped
     res = CliRunner().invoke(main, ["trace", "--run", str(tmp_path / "run")])
     assert res.exit_code == 2 and res.output.startswith("error: no stripped encoder") and len(res.output.splitlines()) == 1
+    assert "`pipeline strip --run" in res.output

@@ -313,7 +313,11 @@ def test_bad_input_is_a_one_line_error(exported_run, tmp_path, overrides, needle
 def test_missing_export_and_default_run(tmp_path, monkeypatch):
     (tmp_path / "run" / rundir.EXPORT).mkdir(parents=True)
     res = CliRunner().invoke(main, ["validate", "--run", str(tmp_path / "run")])
-    assert res.exit_code == 2 and "no stripped encoder" in res.output
+    assert res.exit_code == 2 and "no checkpoint" in res.output and "`pipeline pretrain --out" in res.output
+    (tmp_path / "run" / rundir.CHECKPOINTS).mkdir()
+    (tmp_path / "run" / rundir.LAST_CHECKPOINT).write_bytes(b"")
+    res = CliRunner().invoke(main, ["validate", "--run", str(tmp_path / "run")])
+    assert res.exit_code == 2 and "nothing exported yet" in res.output and "`pipeline export --run" in res.output
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(main, ["validate"])
     assert res.exit_code == 2 and "runs/default does not exist" in res.output
