@@ -1,5 +1,5 @@
 """Core ML writers: the ML Program (.mlpackage) and the legacy NeuralNetwork (.mlmodel) for older iPads (their
-minimum iPadOS: export/formats.py).
+minimum iPadOS: export/targets.py).
 
 Both take the traced encoder (an ExportedProgram or TorchScript) and run on Linux: conversion needs no Mac, only
 prediction does. The input is an ImageType (RGB, the trained size, scale 1, bias 0), so Vision's VNCoreMLRequest can
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME
-from export.formats import NEURALNETWORK_TARGET
+from export.targets import NEURALNETWORK_TARGET
 from export.metadata import as_strings, input_description, output_description
 from export.quiet import conversion_bars_off, import_coremltools
 from pipeline.errors import PipelineError

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from export.targets import ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS, NEURALNETWORK_TARGET, ipados
 from pipeline.errors import PipelineError
 
 
@@ -29,21 +30,6 @@ def _write_onnx(*args, **kwargs):
     from export.onnx_format import write_onnx
 
     return write_onnx(*args, **kwargs)
-
-
-# The oldest iOS/iPadOS each Core ML file runs on, said once: export's lines, encoder.json (each artifact's
-# deployment_target), the report's model card and the --help of --deployment-target and --coreml-format read these.
-ML_PROGRAM_TARGET = "iOS16"  # the .mlpackage's default --deployment-target
-ML_PROGRAM_REACH = "every iPad from 2017 on"  # what iPadOS 16 runs on (the 5th-generation iPad and every later one)
-ML_PROGRAM_TARGETS = ("iOS15", "iOS16", "iOS17", "iOS18")
-# The .mlmodel is for iPads that cannot run an ML Program: the oldest target holding every op used. coremltools treats
-# a target as a ceiling and writes the lowest spec version the ops need, so a later target would change nothing.
-NEURALNETWORK_TARGET = "iOS13"
-
-
-def ipados(target: str) -> str:
-    """'iOS16' -> 'iPadOS 16+': Core ML names its targets for iOS, and iPadOS carries the same version numbers."""
-    return f"iPadOS {target.removeprefix('iOS')}+"
 
 
 def minimum_os(key: str, options: dict) -> str | None:

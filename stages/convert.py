@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from export.encoder import load_encoder
-from export.formats import FORMATS, OPTION_NAMES, ipados, minimum_os, select_formats
+from export.formats import FORMATS, OPTION_NAMES, minimum_os, select_formats
+from export.targets import ipados
 from export.metadata import build_metadata
 from export.traced import example_input, load_traced
 from pipeline import rundir

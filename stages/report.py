@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from export.formats import ipados, minimum_os
+from export.formats import minimum_os
+from export.targets import ipados
 from pipeline import rundir
 from pipeline.rundir import SIDECAR
 from pipeline.config import opt

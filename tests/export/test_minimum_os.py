@@ -1,4 +1,4 @@
-"""One minimum iPadOS, said the same everywhere: export/formats.py holds it, and the format table, the export
+"""One minimum iPadOS, said the same everywhere: export/targets.py holds it, and the format table, the export
 plan (hence encoder.json's deployment_target), the CLI's help, the export line and the report's model card read it."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import json
 import re
 from pathlib import Path
 
-from export import coreml, formats
-from export.formats import ML_PROGRAM_TARGET, NEURALNETWORK_TARGET, ipados, select_formats
+from export import coreml, formats, targets
+from export.formats import select_formats
+from export.targets import ML_PROGRAM_TARGET, NEURALNETWORK_TARGET, ipados
 from pipeline import rundir
 from stages import report
 from stages.report import ReportConfig
@@ -21,8 +22,9 @@ MENTION = re.compile(r"i(?:Pad)?OS ?(\d+)\+")  # "iPadOS 16+", "iOS/iPadOS 15+",
 def test_the_plan_and_the_writers_use_the_constants():
     plan = {f.key: own for f, _, own in select_formats("all", None, None, {"deployment_target": None, "opset": None})}
     assert plan["mlpackage"]["deployment_target"] == ML_PROGRAM_TARGET  # what write_mlpackage records in encoder.json
-    assert coreml.NEURALNETWORK_TARGET is formats.NEURALNETWORK_TARGET
-    assert ML_PROGRAM_TARGET in formats.ML_PROGRAM_TARGETS and ipados("iOS16") == "iPadOS 16+"
+    assert coreml.NEURALNETWORK_TARGET is targets.NEURALNETWORK_TARGET
+    assert formats.FORMATS["mlpackage"].options["deployment_target"] == (ML_PROGRAM_TARGET, targets.ML_PROGRAM_TARGETS)
+    assert ipados("iOS16") == "iPadOS 16+"
 
 
 def test_the_help_says_the_same_versions():
@@ -52,7 +54,7 @@ def test_no_module_types_a_version_of_its_own():
     typed = []
     for package in ("pipeline", "stages", "export"):
         for path in sorted((ROOT / package).rglob("*.py")):
-            if path.name == "formats.py":
+            if path.name == "targets.py":
                 continue
             typed += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in MENTION.finditer(path.read_text())]
     assert typed == []
