@@ -384,6 +384,7 @@ NN_LAYERS: dict[str, Callable[[Any, list[torch.Tensor], dict[str, torch.Tensor]]
     "mvn": _mvn,
     "scale": _scale,
     "gelu": lambda p, xs, w: gelu(xs[0], GELU_MODES[p.mode]),
+    "softmax": lambda p, xs, w: torch.softmax(xs[0], dim=-3),  # the legacy layer: always the channel axis
     "softmaxND": lambda p, xs, w: torch.softmax(xs[0], dim=p.axis),
     "innerProduct": _inner_product,
     "batchedMatmul": _batched_matmul,
