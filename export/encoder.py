@@ -33,6 +33,12 @@ class Encoder(nn.Module):
         f = self.backbone(x)
         if self.l2_normalize:
             # Explicit sum-of-squares + rsqrt (not F.normalize) so converters see plain ops; eps keeps 0 finite.
+            # Divided by the largest |feature| first: the same unit vector, but the sum of squares stays <= D
+            # whatever the features' scale. A NeuralNetwork on an iPad's GPU or Neural Engine sums in fp16, which
+            # overflows (65504) once the feature norm passes ~256, and the embedding came out all zeros (seen with
+            # MobileNetV3, whose unbounded hardswish features reached norms above 1000). The floor is fp16's
+            # smallest normal number, so the division stays finite for all-zero features in fp16 too.
+            f = f / f.abs().amax(dim=1, keepdim=True).clamp_min(2.0 ** -14)
             f = f * torch.rsqrt((f * f).sum(dim=1, keepdim=True) + 1e-12)
         return f
 

@@ -392,6 +392,8 @@ NN_LAYERS: dict[str, Callable[[Any, list[torch.Tensor], dict[str, torch.Tensor]]
     "multiply": _multiply,
     "max": _fold(torch.maximum),
     "min": _fold(torch.minimum),
+    "maxBroadcastable": _fold(torch.maximum),
+    "minBroadcastable": _fold(torch.minimum),
     "addBroadcastable": _fold(torch.add),
     "subtractBroadcastable": _fold(torch.sub),
     "multiplyBroadcastable": _fold(torch.mul),

@@ -101,6 +101,11 @@ CASES = {
     "pow": (lambda x, y, p: mb.pow(x=p, y=y), lambda x, y, p: p ** y),
     "maximum": (lambda x, y, p: mb.maximum(x=x, y=y), lambda x, y, p: torch.max(x, y)),
     "minimum": (lambda x, y, p: mb.minimum(x=x, y=y), lambda x, y, p: torch.min(x, y)),
+    # the encoder's L2 floor (a NeuralNetwork writes broadcast max/min as their own layers)
+    "maximum_broadcast": (lambda x, y, p: mb.maximum(x=x, y=mb.reduce_mean(x=y, axes=[1], keep_dims=True)),
+                          lambda x, y, p: torch.max(x, y.mean(dim=1, keepdim=True))),
+    "minimum_broadcast": (lambda x, y, p: mb.minimum(x=x, y=mb.reduce_mean(x=y, axes=[1, 2], keep_dims=True)),
+                          lambda x, y, p: torch.min(x, y.mean(dim=(1, 2), keepdim=True))),
     "equal": (lambda x, y, p: _f32(mb.equal(x=mb.round(x=x), y=mb.round(x=y))),
               lambda x, y, p: (torch.round(x) == torch.round(y)).float()),
     "not_equal": (lambda x, y, p: _f32(mb.not_equal(x=mb.round(x=x), y=mb.round(x=y))),
