@@ -7,7 +7,8 @@ feed a camera frame directly and the normalisation stays inside the model, as tr
 float32 [1, D].
 
 fp16 ML Program: everything from the global average pool on (pool, flatten, sum of squares, rsqrt, scale) stays in
-fp32. A sum of 2048 squared features passes fp16's 65504 easily, and this tail costs nothing next to the convs.
+fp32; a ViT has no pool, and its tail starts at the final LayerNorm, whose class token is the feature. A sum of 2048
+squared features passes fp16's 65504 easily, and this tail costs nothing next to the convs.
 fp16 NeuralNetwork: a NeuralNetwork has no compute-precision setting; "fp16" there means fp16 *weights* (the device
 picks the compute precision), and the metadata says so.
 """
@@ -23,12 +24,13 @@ from typing import Any
 import numpy as np
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME
-from export.targets import NEURALNETWORK_TARGET
+from export.targets import NEURALNETWORK_TARGET, SPEC_TARGETS
 from export.metadata import as_strings, input_description, output_description
 from export.quiet import conversion_bars_off, import_coremltools
 from pipeline.errors import PipelineError
 
-POOL_OPS = ("reduce_mean", "avg_pool")  # the global pool; it and everything after it stay fp32
+POOL_OPS = ("reduce_mean", "avg_pool")  # the last one is the global pool (squeeze-excitation pools come before it)
+TAIL_WITHOUT_POOL = "layer_norm"  # a ViT: the last one is the final norm
 FP32_TAIL_OPS = ("reduce_sum", "rsqrt")  # the L2 ops checked in the saved program
 # MIL proto DataType values of the program's tensors (coremltools/proto/MIL.proto)
 MIL_DTYPES = {10: "fp16", 11: "fp32"}
@@ -39,22 +41,34 @@ def _image_input(ct, size: int):
                         bias=[0.0, 0.0, 0.0])
 
 
+def tail_ops(block) -> list:
+    """The ops that stay fp32: the last global pool (else the last layer_norm) of the block and every op it feeds.
+    Only the last: a squeeze-excitation block's pool also reduces to 1x1, and what it feeds is the rest of the net."""
+    roots = [op for op in block.operations if op.op_type in POOL_OPS]
+    roots = roots or [op for op in block.operations if op.op_type == TAIL_WITHOUT_POOL]
+    if not roots:
+        return []
+    tail, todo = [], [roots[-1]]
+    while todo:
+        op = todo.pop()
+        if any(op is t for t in tail):
+            continue
+        tail.append(op)
+        todo += [child for v in op.outputs for child in v.child_ops]
+    return tail
+
+
 def _after_pool_selector():
-    """op_selector for FP16ComputePrecision: True (fp16) for ops before the global pool, False for the pool and
-    every op fed by it."""
-    memo: dict[int, tuple[Any, bool]] = {}  # id -> (op, answer); holding the op keeps its id from being reused
+    """op_selector for FP16ComputePrecision: True (fp16) for ops before the tail (tail_ops), False in it. The tail
+    is found once, from the first op asked about, in the block the pass walks."""
+    tail: dict[int, Any] = {}  # id -> op; holding the op keeps its id from being reused
 
-    def in_tail(op) -> bool:
-        if op is None:
-            return False
-        key = id(op)
-        if key not in memo:
-            memo[key] = (op, False)  # guards against revisiting while this op's producers are walked
-            producers = [v for x in op.inputs.values() for v in (x if isinstance(x, (list, tuple)) else [x])]
-            memo[key] = (op, op.op_type in POOL_OPS or any(in_tail(getattr(v, "op", None)) for v in producers))
-        return memo[key][1]
+    def fp16(op) -> bool:
+        if not tail:
+            tail.update({id(t): t for t in tail_ops(op.enclosing_block)} or {0: None})
+        return id(op) not in tail
 
-    return lambda op: not in_tail(op)
+    return fp16
 
 
 def program_ops(spec) -> list[tuple[str, str, str]]:
@@ -119,16 +133,17 @@ def write_mlmodel(program, path: Path, meta: dict[str, Any], precision: str, opt
     ct = import_coremltools()
     from coremltools.models.neural_network import quantization_utils
 
-    target = NEURALNETWORK_TARGET
-    detail = {"precision": precision, "deployment_target": target,
-              "precision_detail": ("fp16 weights (NeuralNetwork: the device chooses the compute precision)"
-                                   if precision == "fp16" else "fp32 weights")}
-    model = _convert(ct, program, meta["image_size"], convert_to="neuralnetwork",
-                     minimum_deployment_target=getattr(ct.target, target))
+    with contextlib.redirect_stdout(io.StringIO()):  # "Const ... was already added": a weight two layers share
+        model = _convert(ct, program, meta["image_size"], convert_to="neuralnetwork",
+                         minimum_deployment_target=getattr(ct.target, NEURALNETWORK_TARGET))
     if precision == "fp16":
         with contextlib.redirect_stdout(io.StringIO()):  # it prints one line per layer
             model = quantization_utils.quantize_weights(model, nbits=16)
     spec = model.get_spec()
+    target = SPEC_TARGETS.get(spec.specificationVersion, f"specification version {spec.specificationVersion}")
+    detail = {"precision": precision, "deployment_target": target,
+              "precision_detail": ("fp16 weights (NeuralNetwork: the device chooses the compute precision)"
+                                   if precision == "fp16" else "fp32 weights")}
     # The NeuralNetwork converter leaves the output shape unset; the app (and Xcode's preview) should see [1, D].
     out = spec.description.output[0]
     if out.name != OUTPUT_NAME:

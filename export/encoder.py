@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from pipeline.errors import PipelineError
-from stages.backbones import build_backbone
+from stages.backbones import build_from_args
 
 INPUT_NAME = "image"  # every artifact's input: float/uint8 RGB image, 0..255, N x 3 x S x S
 OUTPUT_NAME = "embedding"  # every artifact's output: float32, N x D
@@ -33,12 +33,24 @@ class Encoder(nn.Module):
         f = self.backbone(x)
         if self.l2_normalize:
             # Explicit sum-of-squares + rsqrt (not F.normalize) so converters see plain ops; eps keeps 0 finite.
+            # Divided by the largest |feature| first: the same unit vector, but the sum of squares stays <= D
+            # whatever the features' scale. A NeuralNetwork on an iPad's GPU or Neural Engine sums in fp16, which
+            # overflows (65504) once the feature norm passes ~256, and the embedding came out all zeros (seen with
+            # MobileNetV3, whose unbounded hardswish features reached norms above 1000). The floor is fp16's
+            # smallest normal number, so the division stays finite for all-zero features in fp16 too.
+            f = f / f.abs().amax(dim=1, keepdim=True).clamp_min(2.0 ** -14)
             f = f * torch.rsqrt((f * f).sum(dim=1, keepdim=True) + 1e-12)
         return f
 
 
+def recorded_backbone_args(state: dict) -> dict:
+    """The builder arguments encoder.pt records; a file from before they were recorded holds a ResNet, whose one
+    argument was its small_stem."""
+    return state.get("backbone_args") or {"small_stem": bool(state["small_stem"])}
+
+
 def encoder_from_state(state: dict, l2_normalize: bool | None = None) -> Encoder:
-    backbone, _ = build_backbone(state["backbone"], state["small_stem"])
+    backbone, _ = build_from_args(state["backbone"], recorded_backbone_args(state))
     backbone.load_state_dict(state["state_dict"])
     enc = Encoder(backbone, state["mean"], state["std"], state.get("l2_normalize", True) if l2_normalize is None else l2_normalize)
     return enc.eval()

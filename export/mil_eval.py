@@ -416,12 +416,53 @@ def _leaky_relu(a, op):
     return F.leaky_relu(a["x"], _float(a.get("alpha", 0.01)))
 
 
+def _thresholded_relu(a, op):
+    """x where x >= alpha, else 0 (hardswish converts to thresholded_relu(-3), sigmoid_hard(1/6, 1/2), mul)."""
+    x = a["x"]
+    return torch.where(x >= _float(a.get("alpha", 1.0)), x, torch.zeros_like(x))
+
+
+def _sigmoid_hard(a, op):
+    return (_float(a.get("alpha", 0.2)) * a["x"] + _float(a.get("beta", 0.5))).clamp(0.0, 1.0)
+
+
+def gelu(x: torch.Tensor, mode: str) -> torch.Tensor:
+    """The three GELU forms both Core ML formats define (MIL gelu's mode, NeuralNetwork GeluLayerParams)."""
+    if mode == "EXACT":
+        return F.gelu(x)
+    if mode == "TANH_APPROXIMATION":
+        return F.gelu(x, approximate="tanh")
+    if mode == "SIGMOID_APPROXIMATION":
+        return x * torch.sigmoid(1.702 * x)
+    raise PipelineError(f"gelu: unknown mode {mode!r}")
+
+
+def _layer_norm(a, op):
+    """gamma * (x - E[x]) / sqrt(Var[x] + epsilon) + beta over `axes` (biased variance; MIL's default: all)."""
+    x = a["x"]
+    axes = _axes(a["axes"], x.dim()) if a.get("axes") is not None else list(range(x.dim()))
+    mean = x.mean(dim=axes, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=axes, keepdim=True)
+    y = (x - mean) / torch.sqrt(var + _float(a.get("epsilon", 1e-5)))
+    shape = [n if d in axes else 1 for d, n in enumerate(x.shape)]  # gamma and beta are shaped x.shape[axes]
+    if a.get("gamma") is not None:
+        y = y * a["gamma"].reshape(shape)
+    if a.get("beta") is not None:
+        y = y + a["beta"].reshape(shape)
+    return y
+
+
+def _softmax(a, op):
+    return torch.softmax(a["x"], dim=_ints(a.get("axis", -1))[0])
+
+
 MIL_OPS: dict[str, Callable[[dict, Any], Any]] = {
     # convolution, pooling, normalisation, linear algebra
     "conv": _conv,
     "max_pool": _pool("max"),
     "avg_pool": _pool("avg"),
     "batch_norm": _batch_norm,
+    "layer_norm": _layer_norm,
     "l2_norm": _l2_norm,
     "matmul": _matmul,
     "linear": _linear,
@@ -449,6 +490,11 @@ MIL_OPS: dict[str, Callable[[dict, Any], Any]] = {
     "relu": _unary(torch.relu),
     "leaky_relu": _leaky_relu,
     "sigmoid": _unary(torch.sigmoid),
+    "sigmoid_hard": _sigmoid_hard,
+    "thresholded_relu": _thresholded_relu,
+    "silu": _unary(F.silu),
+    "gelu": lambda a, op: gelu(a["x"], a.get("mode", "EXACT")),
+    "softmax": _softmax,
     "tanh": _unary(torch.tanh),
     "clip": _clip,
     "abs": _unary(torch.abs),

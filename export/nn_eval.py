@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from export.mil_eval import (COLOR_SPACES, InputInfo, batched, call_checked, conv_nd, image_input, image_io,
+from export.mil_eval import (COLOR_SPACES, InputInfo, batched, call_checked, conv_nd, gelu, image_input, image_io,
                              pad_spatial, pool_nd, resize_linear, same_pads)
 from export.quiet import import_coremltools
 from pipeline.errors import PipelineError
@@ -109,6 +109,7 @@ ACTIVATIONS: dict[str, Callable] = {
     "sigmoid": lambda a, x: torch.sigmoid(x),
     "tanh": lambda a, x: torch.tanh(x),
     "sigmoidHard": lambda a, x: (a.alpha * x + a.beta).clamp(0, 1),
+    "thresholdedReLU": lambda a, x: torch.where(x >= a.alpha, x, torch.zeros_like(x)),
 }
 
 
@@ -187,6 +188,33 @@ def _batchnorm(p, xs, w):
     mean, var = w["mean"].reshape(shape), w["variance"].reshape(shape)
     gamma, beta = w["gamma"].reshape(shape), w["beta"].reshape(shape)
     return (x - mean) / torch.sqrt(var + eps) * gamma + beta
+
+
+def _mvn(p, xs, w):
+    """Mean (and variance) normalisation over the last three dims (acrossChannels) or the last two. The spec does
+    not say where epsilon goes; coremltools lowers layer_norm, (x - mean) / sqrt(var + eps), to this layer, so that
+    is the semantics taken (1 / (sqrt(var) + eps) differs by ~eps / 2 relative at unit variance)."""
+    x = xs[0]
+    dims = list(range(x.dim() - (3 if p.acrossChannels else 2), x.dim()))
+    y = x - x.mean(dim=dims, keepdim=True)
+    if p.normalizeVariance:
+        eps = p.epsilon if p.epsilon != 0 else 1e-6
+        y = y / torch.sqrt((y * y).mean(dim=dims, keepdim=True) + eps)
+    return y
+
+
+def _chw(values: torch.Tensor, shape) -> torch.Tensor:
+    """A Scale/Bias layer's parameter of shape [1], [C], [1, H, W] or [C, H, W], aligned with the last three dims."""
+    shape = list(shape) or [1]
+    return values.reshape([shape[0], 1, 1] if len(shape) == 1 else shape)
+
+
+def _scale(p, xs, w):
+    y = xs[0] * _chw(w["scale"], p.shapeScale)
+    return y + _chw(w["bias"], p.shapeBias) if p.hasBias else y
+
+
+GELU_MODES = {0: "EXACT", 1: "TANH_APPROXIMATION", 2: "SIGMOID_APPROXIMATION"}  # GeluLayerParams.GeluMode
 
 
 def _l2normalize(p, xs, w):
@@ -353,12 +381,19 @@ NN_LAYERS: dict[str, Callable[[Any, list[torch.Tensor], dict[str, torch.Tensor]]
     "unary": _unary,
     "batchnorm": _batchnorm,
     "l2normalize": _l2normalize,
+    "mvn": _mvn,
+    "scale": _scale,
+    "gelu": lambda p, xs, w: gelu(xs[0], GELU_MODES[p.mode]),
+    "softmax": lambda p, xs, w: torch.softmax(xs[0], dim=-3),  # the legacy layer: always the channel axis
+    "softmaxND": lambda p, xs, w: torch.softmax(xs[0], dim=p.axis),
     "innerProduct": _inner_product,
     "batchedMatmul": _batched_matmul,
     "add": _add,
     "multiply": _multiply,
     "max": _fold(torch.maximum),
     "min": _fold(torch.minimum),
+    "maxBroadcastable": _fold(torch.maximum),
+    "minBroadcastable": _fold(torch.minimum),
     "addBroadcastable": _fold(torch.add),
     "subtractBroadcastable": _fold(torch.sub),
     "multiplyBroadcastable": _fold(torch.mul),

@@ -6,9 +6,11 @@ all come from here."""
 ML_PROGRAM_TARGET = "iOS16"  # the .mlpackage's default --deployment-target
 ML_PROGRAM_REACH = "every iPad from 2017 on"  # what that release runs on (the 5th-generation iPad and every later one)
 ML_PROGRAM_TARGETS = ("iOS15", "iOS16", "iOS17", "iOS18")
-# The .mlmodel is for iPads that cannot run an ML Program: the oldest target holding every op used. coremltools treats
-# a target as a ceiling and writes the lowest spec version the ops need, so a later target would change nothing.
-NEURALNETWORK_TARGET = "iOS13"
+# The .mlmodel is for iPads that cannot run an ML Program. coremltools treats the target as a ceiling and writes the
+# lowest spec version the ops need: iOS13 for the convnets, iOS14 for a ViT (its slices squeeze an axis,
+# sliceStatic's squeezeMasks). Each artifact's record says the version written (SPEC_TARGETS).
+NEURALNETWORK_TARGET = "iOS14"
+SPEC_TARGETS = {4: "iOS13", 5: "iOS14"}  # NeuralNetwork specificationVersion -> the oldest OS that runs it
 
 
 def ipados(target: str) -> str:

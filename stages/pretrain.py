@@ -190,7 +190,7 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
     if main and not resume:
         rundir.write_json_atomic(run_dir / rundir.SPLIT, split)
     # Said only now, after every check of the input above: a bad input's error stays the one line printed.
-    say(f"recipe {recipe} ({recipe_why}): {recipes.RECIPES[recipe][cfg.method].source}")
+    say(f"recipe {recipe} ({recipe_why}): {recipes.source(recipe, cfg.method, cfg.backbone)}")
     if data.skipped:
         say(f"warning: skipped {files(len(data.skipped))} of {cfg.data} that are not readable images: "
             f"{named(data.skipped, Path(cfg.data.partition(':')[2]))} (all listed in {run_dir / rundir.SKIPPED})")
@@ -203,7 +203,8 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
             "small_stem": uses_small_stem(cfg.small_stem, cfg.image_size), "mean": list(MEAN), "std": list(STD),
             "steps_per_epoch": steps_per_epoch, "total_steps": training.total_steps, "peak_lr": peak_lr(cfg),
             "pipeline_version": __version__, "world_size": world, "per_process_batch": cfg.batch_size // world,
-            "global_batch": cfg.batch_size, "lr_scaling": cfg.lr_scaling, "device": str(device)}
+            "global_batch": cfg.batch_size, "lr_scaling": cfg.lr_scaling, "device": str(device),
+            "frozen_parameters": sorted(n for n, p in training.model.backbone.named_parameters() if not p.requires_grad)}
     checkpoints = Checkpoints(run_dir, cfg, training, meta, main, wall_before)
     stop_at = provenance.steps_to_train(cfg.epochs, cfg.max_steps, steps_per_epoch)
     return Run(cfg, run_dir, device, (rank, world), data, split, train_images, mode, pre, pre_note, training,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from stages import augment
+from stages.backbones import BACKBONES
 from stages.methods import METHODS
 
 # auto picks the papers' recipe only for a run the papers tuned it on: ImageNet-like images, sets and step counts
@@ -40,7 +41,28 @@ WARMUP_EPOCHS = 10.0
 WARMUP_SHARE = 0.1
 
 
-def warmup_epochs(epochs: int) -> float:
+# Vision Transformers, in either recipe: MoCo v3's ViT settings (Chen, Xie, He 2021, "An Empirical Study of Training
+# Self-Supervised Vision Transformers"; its code's facebookresearch/moco-v3 CONFIG.md, ViT-S and ViT-B:
+# --optimizer=adamw --lr=1.5e-4 --weight-decay=.1 --moco-t=.2 --warmup-epochs=40 of 300 --stop-grad-conv1): AdamW at
+# 1.5e-4 x batch/256 with weight decay 0.1 on every parameter (main_moco.py), and for MoCo v3 temperature 0.2 and
+# the frozen random patch projection (stages/backbones.freeze_patch_projection, applied by stages/methods/mocov3.py).
+# SimCLR and BYOL take the same optimiser settings and keep their own temperature: their papers trained no ViT, and
+# AdamW is what self-supervised ViT recipes use (MoCo v3, DINO). Not tuned by measurement on the small sets yet:
+# the paper's values as they are, in both recipes.
+VIT_VALUES = {name: dict(optimizer="adamw", lr=1.5e-4, weight_decay=0.1,
+                         **({"temperature": 0.2} if name == "mocov3" else {})) for name in METHODS}
+VIT_WARMUP_EPOCHS = 40.0  # of the paper's 300: the same cap by share as the convnets' 10 of 100
+VIT_WARMUP_SHARE = VIT_WARMUP_EPOCHS / 300
+VIT_SOURCE = "; ViT: MoCo v3's ViT settings (AdamW, lr 1.5e-4 x batch/256, wd 0.1, warm-up 40 of 300 epochs{})"
+
+
+def is_vit(backbone: str | None) -> bool:
+    return backbone in BACKBONES and BACKBONES[backbone].family == "vit"
+
+
+def warmup_epochs(epochs: int, backbone: str | None = None) -> float:
+    if is_vit(backbone):
+        return min(VIT_WARMUP_EPOCHS, VIT_WARMUP_SHARE * epochs)
     return min(WARMUP_EPOCHS, WARMUP_SHARE * epochs)
 
 
@@ -64,8 +86,15 @@ def choose(requested: str, n_train: int, steps: int, image_size: int) -> tuple[s
                      f"{PAPER_MIN_SIZE} px)")
 
 
-def values(name: str, method: str) -> dict:
-    return dict(RECIPES[name][method].values)
+def values(name: str, method: str, backbone: str | None = None) -> dict:
+    """The recipe's config values for the method, with the ViT rule on top for a ViT backbone."""
+    return {**RECIPES[name][method].values, **(VIT_VALUES[method] if is_vit(backbone) else {})}
+
+
+def source(name: str, method: str, backbone: str | None = None) -> str:
+    """Where the recipe's values come from, the ViT rule included when it applies."""
+    extra = VIT_SOURCE.format(", temperature 0.2, frozen patch projection" if method == "mocov3" else "")
+    return RECIPES[name][method].source + (extra if is_vit(backbone) else "")
 
 
 def view_values(name: str, method: str) -> dict:

@@ -20,7 +20,7 @@ from pipeline import rundir
 from pipeline.config import load_config, to_dict
 from pipeline.errors import PipelineError
 from stages import recipes
-from stages.backbones import build_backbone, min_image_size, uses_small_stem
+from stages.backbones import build_backbone, check_image_size, uses_small_stem
 from stages.configs import PretrainConfig
 from stages.data import ImageData, count_train_images
 from stages.data import store_size_for as data_store_size
@@ -43,8 +43,8 @@ def resolve(cfg: PretrainConfig) -> PretrainConfig:
     what actually ran; `recipe` itself stays as asked (run() records the one chosen)."""
     name, _ = chosen_recipe(cfg)
     # an option the method does not use (BYOL's temperature) stays None; every method crops
-    values = {**recipes.view_values(name, cfg.method), "warmup_epochs": recipes.warmup_epochs(cfg.epochs),
-              **recipes.values(name, cfg.method)}
+    values = {**recipes.view_values(name, cfg.method), "warmup_epochs": recipes.warmup_epochs(cfg.epochs, cfg.backbone),
+              **recipes.values(name, cfg.method, cfg.backbone)}
     filled = {k: (values[k] if getattr(cfg, k) is None and k in values else getattr(cfg, k)) for k in to_dict(cfg)}
     return PretrainConfig(**filled)
 
@@ -67,11 +67,7 @@ def validate(cfg: PretrainConfig) -> None:
         if value is not None and not ((lo <= value if lo_ok else lo < value) and value <= hi):
             bound = f"{'>=' if lo_ok else '>'} {lo:g}" + (f" and <= {hi:g}" if hi < math.inf else "")
             raise PipelineError(f"`{key}` must be {bound}, got {value!r}")
-    small = uses_small_stem(cfg.small_stem, cfg.image_size)
-    lo = min_image_size(small)
-    if not lo <= cfg.image_size <= 1024:
-        raise PipelineError(f"image size {cfg.image_size} is impossible for {cfg.backbone} with the "
-                            f"{'small' if small else 'ImageNet'} stem: use {lo}..1024")
+    check_image_size(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size), cfg.image_size)
     if cfg.batch_size < 2:
         raise PipelineError(f"batch size must be at least 2 (contrastive losses need negatives), got {cfg.batch_size}")
     if cfg.epochs < 1:
@@ -103,7 +99,7 @@ def seed_everything(seed: int) -> None:
 
 def build_model(cfg: PretrainConfig) -> tuple[torch.nn.Module, int]:
     """The method's module around a fresh backbone; later stages rebuild it from the stored config."""
-    backbone, feat_dim = build_backbone(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size))
+    backbone, feat_dim = build_backbone(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size), cfg.image_size)
     return METHODS[cfg.method].build(backbone, feat_dim, cfg), feat_dim
 
 

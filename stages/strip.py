@@ -1,7 +1,8 @@
 """Strip stage: the shippable backbone out of a pretraining checkpoint, with the proof that nothing else came along.
 
 Reads RUN/config.yaml and RUN/checkpoints/last.pt; writes RUN/export/encoder.pt (the keys `export.encoder.load_encoder`
-reads: state_dict = backbone only, backbone, small_stem, feat_dim, image_size, mean, std, l2_normalize, metadata).
+reads: state_dict = backbone only, backbone, backbone_args (what its builder was called with: the network is rebuilt
+from exactly these), small_stem, feat_dim, image_size, mean, std, l2_normalize, metadata).
 
 The stored config decides what the checkpoint must be: the full method model is rebuilt from it and the weights are
 loaded strictly, so a checkpoint of another method or backbone is refused instead of half-loaded. The proof, run on
@@ -18,11 +19,15 @@ import torch
 from pipeline import __version__, rundir
 from pipeline.errors import PipelineError
 from pipeline.rundir import encoder_path
-from stages.backbones import build_backbone, min_image_size, uses_small_stem
 from stages import provenance
+from stages.backbones import backbone_args, build_from_args, check_image_size, uses_small_stem
 from stages.configs import PretrainConfig, StripConfig
 from stages.runspec import build_model, read_run
 from stages.views import MEAN, STD
+
+def run_backbone_args(cfg: PretrainConfig) -> dict:
+    return backbone_args(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size), cfg.image_size)
+
 
 def _load_strict(model: torch.nn.Module, weights: dict, ckpt_path: Path, cfg: PretrainConfig) -> None:
     """load_state_dict(strict=True), with the mismatch summarised on one line instead of torch's key dump."""
@@ -45,7 +50,7 @@ def strip_projection_head(model: torch.nn.Module, cfg: PretrainConfig) -> tuple[
     `model.backbone` (see stages/methods), so the backbone's own state dict is exactly what ships."""
     full = model.state_dict()
     kept = {k: v.detach().clone() for k, v in model.backbone.state_dict().items()}
-    reference, _ = build_backbone(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size))
+    reference, _ = build_from_args(cfg.backbone, run_backbone_args(cfg))
     if set(kept) != set(reference.state_dict()):
         raise PipelineError(f"stripped state of {cfg.backbone} has keys a fresh {cfg.backbone} lacks: not stripped cleanly")
     dropped = sorted(k for k in full if not k.startswith("backbone."))
@@ -57,8 +62,7 @@ def strip_projection_head(model: torch.nn.Module, cfg: PretrainConfig) -> tuple[
 
 def prove_strip(model: torch.nn.Module, kept: dict, cfg: PretrainConfig, feat_dim: int, batch: int, seed: int) -> dict:
     """Rebuild a bare backbone from the stripped state and compare with the full model's backbone, bit for bit."""
-    small = uses_small_stem(cfg.small_stem, cfg.image_size)
-    stripped, _ = build_backbone(cfg.backbone, small)
+    stripped, _ = build_from_args(cfg.backbone, run_backbone_args(cfg))
     stripped.load_state_dict(kept, strict=True)
     stripped.eval()
     model.eval()
@@ -100,22 +104,25 @@ def run(cfg: StripConfig, run_dir: Path, say=print) -> dict:
     if warning := provenance.unfinished(ckpt, run_dir):
         say(warning)
     small = uses_small_stem(pcfg.small_stem, pcfg.image_size)
-    if pcfg.image_size < min_image_size(small):
-        raise PipelineError(f"{run_dir / rundir.CONFIG}: image_size {pcfg.image_size} is below {min_image_size(small)} for this stem")
+    try:
+        check_image_size(pcfg.backbone, small, pcfg.image_size)
+    except PipelineError as e:
+        raise PipelineError(f"{run_dir / rundir.CONFIG}: {e}") from None
     model, feat_dim = build_model(pcfg)
     _load_strict(model, ckpt[rundir.CKPT_MODEL], ckpt_path, pcfg)
     kept, dropped = strip_projection_head(model, pcfg)
     proof = prove_strip(model, kept, pcfg, feat_dim, cfg.proof_batch, cfg.seed)
     meta = ckpt.get(rundir.CKPT_META) or {}
     state = {
-        "state_dict": kept, "backbone": pcfg.backbone, "small_stem": small, "feat_dim": feat_dim,
+        "state_dict": kept, "backbone": pcfg.backbone, "backbone_args": run_backbone_args(pcfg), "small_stem": small,
+        "feat_dim": feat_dim,
         "image_size": pcfg.image_size, "mean": list(meta.get("mean", MEAN)), "std": list(meta.get("std", STD)),
         "l2_normalize": cfg.l2_normalize,
         "metadata": {"method": pcfg.method, "run_id": run_dir.resolve().name, "step": ckpt.get(rundir.CKPT_STEP),
                      "checkpoint_id": ckpt.get(rundir.CKPT_ID),
                      "epochs_done": ckpt.get(rundir.CKPT_EPOCHS_DONE), "epochs": pcfg.epochs, "data": pcfg.data,
                      "seed": pcfg.seed, "pipeline_version": __version__, "checkpoint": str(ckpt_path),
-                     **dropped, "proof": proof},
+                     "frozen_parameters": meta.get("frozen_parameters", []), **dropped, "proof": proof},
     }
     out = encoder_path(run_dir)
     rundir.torch_save_atomic(out, state)

@@ -36,7 +36,9 @@ def ema_update(target: nn.Module, online: nn.Module, momentum: float) -> None:
     (`make mutation`) skips decorated functions."""
     with torch.no_grad():
         torch._foreach_lerp_(list(target.parameters()), [o.detach() for o in online.parameters()], 1.0 - momentum)
-        torch._foreach_copy_(list(target.buffers()), list(online.buffers()))
+        buffers = list(target.buffers())
+        if buffers:  # a ViT has none, and _foreach_copy_ refuses an empty list
+            torch._foreach_copy_(buffers, list(online.buffers()))
 
 
 def cosine_momentum(base: float, progress: float) -> float:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages import distributed
+from stages.backbones import freeze_patch_projection
 from stages.methods import byol
 from stages.methods.heads import cosine_momentum, ema_update, frozen_copy, mlp, online_and_momentum
 from stages.methods.spec import MethodSpec, Recipe
@@ -71,6 +72,7 @@ class KeyQueue(nn.Module):
 class MoCoV3(nn.Module):
     def __init__(self, backbone: nn.Module, feat_dim: int, cfg):
         super().__init__()
+        freeze_patch_projection(backbone)  # a ViT's random patch projection never trains (the paper's Sec. 4)
         self.backbone = backbone
         self.projector = mlp(feat_dim, cfg.proj_hidden_dim, cfg.proj_dim, layers=3, last_bn=True)
         self.predictor = mlp(cfg.proj_dim, cfg.pred_hidden_dim, cfg.proj_dim, layers=2, last_bn=True)

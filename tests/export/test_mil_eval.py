@@ -25,6 +25,11 @@ W_DW = _rng.standard_normal((3, 1, 3, 3)).astype(np.float32)
 W_DIL = _rng.standard_normal((2, 3, 2, 2)).astype(np.float32)
 W_LIN = _rng.standard_normal((5, 8)).astype(np.float32)
 B_LIN = _rng.standard_normal(5).astype(np.float32)
+W_SE1 = _rng.standard_normal((2, 3, 1, 1)).astype(np.float32)  # squeeze-excitation: 3 -> 2 -> 3 channels
+W_SE2 = _rng.standard_normal((3, 2, 1, 1)).astype(np.float32)
+B_SE = _rng.standard_normal(3).astype(np.float32)
+G8, B8 = (_rng.standard_normal(8).astype(np.float32) for _ in range(2))  # layer norm over a last axis of 8
+G3, B3 = (_rng.standard_normal(3).astype(np.float32) for _ in range(2))  # ... and over the 3 channels
 f32 = np.float32
 HALVES = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 4.5], f32)  # MIL: "0.5 is rounded to 0"
 
@@ -96,6 +101,11 @@ CASES = {
     "pow": (lambda x, y, p: mb.pow(x=p, y=y), lambda x, y, p: p ** y),
     "maximum": (lambda x, y, p: mb.maximum(x=x, y=y), lambda x, y, p: torch.max(x, y)),
     "minimum": (lambda x, y, p: mb.minimum(x=x, y=y), lambda x, y, p: torch.min(x, y)),
+    # the encoder's L2 floor (a NeuralNetwork writes broadcast max/min as their own layers)
+    "maximum_broadcast": (lambda x, y, p: mb.maximum(x=x, y=mb.reduce_mean(x=y, axes=[1], keep_dims=True)),
+                          lambda x, y, p: torch.max(x, y.mean(dim=1, keepdim=True))),
+    "minimum_broadcast": (lambda x, y, p: mb.minimum(x=x, y=mb.reduce_mean(x=y, axes=[1, 2], keep_dims=True)),
+                          lambda x, y, p: torch.min(x, y.mean(dim=(1, 2), keepdim=True))),
     "equal": (lambda x, y, p: _f32(mb.equal(x=mb.round(x=x), y=mb.round(x=y))),
               lambda x, y, p: (torch.round(x) == torch.round(y)).float()),
     "not_equal": (lambda x, y, p: _f32(mb.not_equal(x=mb.round(x=x), y=mb.round(x=y))),
@@ -115,6 +125,44 @@ CASES = {
     "logical_xor": (lambda x, y, p: _f32(mb.logical_xor(x=mb.greater(x=x, y=0.0), y=mb.greater(x=y, y=0.0))),
                     lambda x, y, p: ((x > 0) ^ (y > 0)).float()),
     "relu": (lambda x, y, p: mb.relu(x=x), lambda x, y, p: torch.relu(x)),
+    "sigmoid_hard": (lambda x, y, p: mb.sigmoid_hard(x=mb.mul(x=x, y=4.0), alpha=0.3, beta=0.4),
+                     lambda x, y, p: torch.clamp(0.3 * 4 * x + 0.4, 0, 1)),
+    "thresholded_relu": (lambda x, y, p: mb.thresholded_relu(x=x, alpha=0.25),
+                         lambda x, y, p: x * (x >= 0.25)),
+    # torch's hardswish as coremltools converts it: thresholded_relu(-3), sigmoid_hard(1/6, 1/2), mul (x4 reaches
+    # both flat parts, |x| > 3)
+    "hardswish": (lambda x, y, p: _hardswish(mb.mul(x=x, y=4.0)), lambda x, y, p: F.hardswish(4 * x)),
+    "silu": (lambda x, y, p: mb.silu(x=x), lambda x, y, p: x / (1 + torch.exp(-x))),
+    "gelu_exact": (lambda x, y, p: mb.gelu(x=x), lambda x, y, p: 0.5 * x * (1 + torch.erf(x / 2 ** 0.5))),
+    "gelu_tanh": (lambda x, y, p: mb.gelu(x=x, mode="TANH_APPROXIMATION"),
+                  lambda x, y, p: 0.5 * x * (1 + torch.tanh((2 / np.pi) ** 0.5 * (x + 0.044715 * x ** 3)))),
+    "gelu_sigmoid": (lambda x, y, p: mb.gelu(x=x, mode="SIGMOID_APPROXIMATION"),
+                     lambda x, y, p: x / (1 + torch.exp(-1.702 * x))),
+    "softmax_last": (lambda x, y, p: mb.softmax(x=x, axis=-1),
+                     lambda x, y, p: torch.exp(x) / torch.exp(x).sum(dim=-1, keepdim=True)),
+    "softmax_channels": (lambda x, y, p: mb.softmax(x=x, axis=1),
+                         lambda x, y, p: torch.exp(x) / torch.exp(x).sum(dim=1, keepdim=True)),
+    "layer_norm_last": (lambda x, y, p: mb.layer_norm(x=x, axes=[-1], gamma=G8, beta=B8, epsilon=f32(1e-5)),
+                        lambda x, y, p: _layer_norm(x, [-1], 1e-5) * _t(G8) + _t(B8)),
+    # rank 3 over the last axis, as a ViT's tokens: the NeuralNetwork writes it as mvn + scale layers
+    "layer_norm_tokens": (lambda x, y, p: mb.layer_norm(x=mb.reshape(x=x, shape=[24, 8]), axes=[-1], gamma=G8,
+                                                        beta=B8, epsilon=f32(1e-6)),
+                          lambda x, y, p: _layer_norm(x.reshape(24, 8), [-1], 1e-6) * _t(G8) + _t(B8)),
+    "layer_norm_tokens_rank3": (lambda x, y, p: mb.layer_norm(x=mb.reshape(x=x, shape=[3, 8, 8]), axes=[2], gamma=G8,
+                                                              beta=B8, epsilon=f32(1e-6)),
+                                lambda x, y, p: _layer_norm(x.reshape(3, 8, 8), [2], 1e-6) * _t(G8) + _t(B8)),
+    "layer_norm_channels": (lambda x, y, p: mb.layer_norm(x=x, axes=[1], gamma=G3, beta=B3, epsilon=f32(1e-6)),
+                            lambda x, y, p: _layer_norm(x, [1], 1e-6) * _t(G3).view(3, 1, 1) + _t(B3).view(3, 1, 1)),
+    "squeeze_excitation": (lambda x, y, p: mb.mul(x=x, y=mb.sigmoid_hard(x=mb.conv(x=mb.relu(x=mb.conv(
+                               x=mb.reduce_mean(x=x, axes=[2, 3], keep_dims=True), weight=W_SE1)), weight=W_SE2,
+                               bias=B_SE), alpha=f32(1 / 6), beta=f32(0.5))),
+                           lambda x, y, p: x * torch.clamp(F.conv2d(torch.relu(F.conv2d(x.mean(dim=(2, 3), keepdim=True),
+                                                                                         _t(W_SE1))), _t(W_SE2), _t(B_SE)) / 6 + 0.5, 0, 1)),
+    # scaled dot-product attention of 3 heads, 8 tokens, 8 dims, as coremltools writes it below iOS18: batched
+    # matmuls around a softmax
+    "attention": (lambda x, y, p: mb.matmul(x=mb.softmax(x=mb.mul(x=mb.matmul(x=x, y=y, transpose_y=True),
+                                                                y=f32(8 ** -0.5)), axis=-1), y=p),
+                  lambda x, y, p: F.scaled_dot_product_attention(x, y, p)),
     "leaky_relu": (lambda x, y, p: mb.leaky_relu(x=x, alpha=0.2), lambda x, y, p: F.leaky_relu(x, 0.2)),
     "sigmoid": (lambda x, y, p: mb.sigmoid(x=x), lambda x, y, p: torch.sigmoid(x)),
     "tanh": (lambda x, y, p: mb.tanh(x=x), lambda x, y, p: torch.tanh(x)),
@@ -201,6 +249,17 @@ CASES_IOS17 = {
                                              half_pixel_centers=False),
         lambda x, y, p: _grid_sample(x, [i / 2 for i in range(16)], [i / 2 for i in range(16)])),
 }
+
+
+def _hardswish(x):
+    w = mb.thresholded_relu(x=x, alpha=-3.0)
+    return mb.mul(x=w, y=mb.sigmoid_hard(x=w, alpha=f32(1 / 6), beta=f32(0.5)))
+
+
+def _layer_norm(x, axes, eps):
+    """(x - mean) / sqrt(biased variance + eps) over `axes`, before gamma and beta."""
+    mean = x.mean(dim=axes, keepdim=True)
+    return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(dim=axes, keepdim=True) + eps)
 
 
 def _grid_sample(x, rows, cols):
@@ -349,12 +408,12 @@ def test_fp16_tensors_are_rounded_after_every_op(tmp_path):
 def test_unknown_op_fails_naming_it(tmp_path):
     @mb.program(input_specs=[mb.TensorSpec(shape=(2, 4))], opset_version=ct.target.iOS16)
     def prog(x):
-        return mb.softmax(x=x, axis=-1, name="out")
+        return mb.softplus(x=x, name="out")
 
-    path = convert(prog, tmp_path / "softmax.mlpackage", "mlprogram", compute_precision=ct.precision.FLOAT32,
+    path = convert(prog, tmp_path / "softplus.mlpackage", "mlprogram", compute_precision=ct.precision.FLOAT32,
                    minimum_deployment_target=ct.target.iOS16)
     model = mil_eval.load_mlpackage(path)
-    with pytest.raises(PipelineError, match="op `softmax`.*not supported"):
+    with pytest.raises(PipelineError, match="op `softplus`.*not supported"):
         mil_eval.run_program(model, {"x": torch.zeros(2, 4)})
 
 

@@ -17,7 +17,8 @@ from tests.cli_helpers import assert_one_line_error as _one_line_error
 from tests.cli_helpers import cli as _cli
 from tests.tiny_run import pretrain_tiny
 
-ENCODER_KEYS = {"state_dict", "backbone", "small_stem", "feat_dim", "image_size", "mean", "std", "l2_normalize", "metadata"}
+ENCODER_KEYS = {"state_dict", "backbone", "backbone_args", "small_stem", "feat_dim", "image_size", "mean", "std",
+                "l2_normalize", "metadata"}
 HEAD_PREFIXES = ("projector", "predictor", "target_", "momentum_", "queue")
 DROPPED = {"byol": ["predictor", "projector", "target_backbone", "target_projector"],
            "mocov3": ["momentum_backbone", "momentum_projector", "predictor", "projector", "queue"]}
@@ -37,11 +38,11 @@ def test_strip_keeps_the_backbone_only_with_equal_features(tmp_path, tiny_overri
     run(StripConfig(), out, say=lambda *_: None)
 
     state = torch.load(encoder_path(out), weights_only=False)
-    assert set(state) == ENCODER_KEYS
+    assert set(state) == ENCODER_KEYS and state["backbone_args"] == {"small_stem": True}
     fresh, dim = build_backbone("resnet18", small_stem=True)
     assert set(state["state_dict"]) == set(fresh.state_dict())  # exactly a backbone's tensors ...
     assert not [k for k in state["state_dict"] if k.startswith(HEAD_PREFIXES)]  # ... so no head, no momentum net
-    assert state["feat_dim"] == dim == BACKBONES["resnet18"][1]
+    assert state["feat_dim"] == dim == BACKBONES["resnet18"].feat_dim
     assert state["metadata"]["dropped_modules"] == DROPPED[method]
     assert state["metadata"]["proof"]["equal"] is True
 
