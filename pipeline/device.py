@@ -74,11 +74,13 @@ def device_report() -> list[tuple[str, bool, str]]:
 @dataclass(frozen=True)
 class Precision:
     """Autocast policy. CUDA: bf16 everywhere autocast reaches (no overflow risk, no scaler). MPS: fp16 for the
-    backbone only, heads and loss in fp32 (fp16 logits/normalisations overflow), with a grad scaler. CPU: fp32."""
+    backbone only, heads and loss in fp32 (fp16 logits/normalisations overflow), with a grad scaler. CPU: fp32, or fp64 (param_dtype: weights, views and every activation in float64) where a
+    number must come out the same on every CPU."""
 
     device_type: str
     backbone_dtype: torch.dtype | None
     head_dtype: torch.dtype | None
+    param_dtype: torch.dtype = torch.float32
 
     def backbone(self):
         if self.backbone_dtype is None:
@@ -97,8 +99,14 @@ class Precision:
 
 
 def precision_for(device: torch.device, mode: str = "auto") -> Precision:
-    """mode: auto (the policy above) or fp32 (no autocast anywhere, e.g. to debug a NaN)."""
+    """mode: auto (the policy above), fp32 (no autocast anywhere, e.g. to debug a NaN) or fp64 (CPU only)."""
     kind = device.type
+    if mode == "fp64":
+        # MPS has no float64; a GPU's float64 runs at a fraction of its float32 speed and sums in its own order.
+        if kind != "cpu":
+            raise PipelineError(f"--precision fp64 runs on the CPU only (this run's device is {device}): "
+                                "add --device cpu, or use --precision auto or fp32")
+        return Precision(kind, None, None, torch.float64)
     if mode == "fp32" or kind == "cpu":
         return Precision(kind, None, None)
     if kind == "cuda":

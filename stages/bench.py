@@ -283,7 +283,7 @@ def result_of(cfg: BenchConfig, p: Plan, device: torch.device, world: int, mode:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "augment": mode, "num_workers": default_workers(cfg.num_workers) if mode == "cpu" else 0,
         "channels_last": training.channels_last, "compile": cfg.compile, "cuda_graphs": training.cuda_graphs,
-        "precision": "fp32" if training.precision.backbone_dtype is None else str(training.precision.backbone_dtype).removeprefix("torch."),
+        "precision": ("fp64" if training.precision.param_dtype == torch.float64 else "fp32") if training.precision.backbone_dtype is None else str(training.precision.backbone_dtype).removeprefix("torch."),
         "torch": torch.__version__,
         "e2e_img_s": round(e2e_rate, 2), "ceiling_img_s": round(ceiling_rate, 2),
         "ratio": round(e2e_rate / ceiling_rate, 4),

@@ -79,7 +79,7 @@ class PretrainConfig:
                                  + by_recipe("mocov3 0", "mocov3 0"))
     val_fraction: float = opt(0.1, "held out for evaluation, never trained on (CIFAR uses its own test set)")
     device: str = opt("auto", "auto picks mps > cuda > cpu", choices=("auto", "cpu", "cuda", "mps"))
-    precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU; fp32 everywhere to debug", choices=("auto", "fp32"))
+    precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU; fp32 everywhere to debug; fp64 (CPU only): float64 weights and activations, for numbers that must agree across CPUs (float32 sums in another order per instruction set, and a few steps amplify that; the tests' pinned runs use it)", choices=("auto", "fp32", "fp64"))
     num_workers: int = opt(-1, "augmentation workers (cpu augment); -1 = one per spare core, up to 8")
     augment: str = opt("auto", "where views are made: device = batched on the training GPU, cpu = per image in DataLoader workers (the reference); auto = device on cuda/mps", choices=AUGMENT_MODES)
     preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = uint8 Pillow/numpy ops in the workers; auto = coreml where Core ML runs", choices=PREPROCESS_CHOICES)

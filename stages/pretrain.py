@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from pipeline import __version__, rundir
 from pipeline.config import to_dict
-from pipeline.device import select_device
+from pipeline.device import precision_for, select_device
 from pipeline.errors import PipelineError
 from stages import distributed, preprocess, provenance, recipes
 from stages.backbones import uses_small_stem
@@ -36,7 +36,8 @@ from stages.configs import PretrainConfig
 from stages.data import ImageData, load_data, make_split
 from stages.data_spec import files, named
 from stages.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, store_size_for, validate
-from stages.training import (StopRequest, Training, augment_mode, build_training, default_workers, keep_on_device,
+from stages.training import (StopRequest, Training, augment_mode, build_training, default_workers, fp32_backbone,
+                             keep_on_device,
                              rng_state, set_rng_state, train_step, view_batches)
 from stages.views import MEAN, STD
 
@@ -163,6 +164,7 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
     """Device and processes, recipe, data and split, model and optimizer (or the checkpoint's, on --resume), and
     config.yaml: every input is checked before anything is said or trained."""
     device = distributed.setup(select_device(cfg.device))
+    precision_for(device, cfg.precision)  # fp64 off the CPU is refused here, before the data is read
     rank, world = distributed.rank(), distributed.world_size()
     main = rank == 0
     if not main:
@@ -256,7 +258,7 @@ def epoch_end(r: Run, step: int, stop_at: int, knn: dict, stopping: bool = False
         if "monitor" not in knn:  # built at the first monitored epoch
             from stages.knn import make_monitor
             knn["monitor"] = make_monitor(r.data, r.split, cfg.image_size, r.device, r.say) or (lambda backbone: None)
-        top1 = knn["monitor"](r.training.model.backbone)
+        top1 = knn["monitor"](fp32_backbone(r.training))
         if top1 is not None:
             rundir.append_jsonl(r.run_dir / rundir.METRICS, {"step": step, "epoch": epochs_done - 1, "knn_top1": top1})
 

@@ -6,6 +6,7 @@ from; the RNG state a checkpoint keeps."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import random
 import signal
@@ -103,6 +104,30 @@ def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, chann
             b.copy_(s)  # in place: the graphs hold these addresses
 
 
+@contextlib.contextmanager
+def float64_init():
+    """Modules built inside start from float64 weights that come out the same under every CPU kernel path.
+    normal_ in float64 already does (in float32 the AVX2 build draws with another algorithm). uniform_(a, b)
+    computes u * (b - a) + a in one kernel, which the AVX2 and AVX-512 builds fuse into an FMA and the plain build
+    rounds twice (1 ulp apart for every other weight, and a few steps amplify it): here u is drawn on [0, 1), exact
+    either way, and scaled by two separately rounded ops, each the same everywhere."""
+    native, default, own = torch.Tensor.uniform_, torch.get_default_dtype(), vars(torch.Tensor).get("uniform_")
+
+    def uniform_(self, a=0.0, b=1.0, *, generator=None):
+        return native(self, 0.0, 1.0, generator=generator).mul_(b - a).add_(a)
+
+    torch.Tensor.uniform_ = uniform_
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(default)
+        if own is None:
+            del torch.Tensor.uniform_  # the C method shows through again
+        else:
+            torch.Tensor.uniform_ = own
+
+
 @dataclass
 class Training:
     """What one optimisation step needs. `run` and stages/bench.py both use it, so the benchmark times the very
@@ -122,8 +147,10 @@ class Training:
 
 def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: int) -> tuple[Training, int]:
     """Model (memory format, SyncBN, compile, CUDA graphs, gradient averaging), optimizer, schedule, scaler for this process; (training, feat_dim)."""
-    model, feat_dim = build_model(cfg)
-    model.to(device)
+    precision = precision_for(device, cfg.precision)  # first: fp64 off the CPU is refused before any work
+    with float64_init() if precision.param_dtype == torch.float64 else contextlib.nullcontext():
+        model, feat_dim = build_model(cfg)
+    model.to(device, precision.param_dtype)  # floating tensors only: BN's step counts and MoCo's ring stay integers
     channels_last = use_channels_last(cfg.channels_last, device)
     if channels_last:
         model.to(memory_format=torch.channels_last)
@@ -136,7 +163,6 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if cfg.compile:
         model.backbone.compile()  # in place: state_dict keys stay those of the plain module
-    precision = precision_for(device, cfg.precision)
     graphs = use_cuda_graphs(cfg.cuda_graphs, device, world, cfg.compile, cfg.sync_bn)
     if graphs:  # both views of this process's images go through the backbone as one batch
         graph_backbone(model.backbone, 2 * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
@@ -156,10 +182,18 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
                     grads), feat_dim
 
 
+def fp32_backbone(t: Training) -> torch.nn.Module:
+    """The backbone as evaluation takes it (stages/features.py computes in fp32 only): itself, or a float32 copy of
+    an fp64 run's, so the kNN monitor neither refuses an fp64 run nor changes the weights it trains."""
+    backbone = t.model.backbone
+    return backbone if t.precision.param_dtype == torch.float32 else copy.deepcopy(backbone).float()
+
+
 def train_step(t: Training, x1: torch.Tensor, x2: torch.Tensor, step: int) -> torch.Tensor:
     """One optimisation step (step = steps done before it). Returns the loss averaged over processes, detached and
     still on the device: reading it waits for the GPU, so the caller chooses when (the loop reads it a step late)."""
-    loss = t.forward(x1, x2, t.precision)
+    dtype = t.precision.param_dtype  # the views come normalised in float32; an fp64 run takes them in float64
+    loss = t.forward(x1.to(dtype), x2.to(dtype), t.precision)
     if t.grads is None:
         t.optimizer.zero_grad(set_to_none=True)
     else:

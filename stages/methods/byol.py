@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.methods.heads import cosine_momentum, ema_update, frozen_copy, mlp, online_and_momentum
+from stages.methods.heads import at_least_fp32, cosine_momentum, ema_update, frozen_copy, mlp, online_and_momentum
 from stages.methods.spec import MethodSpec, Recipe
 from stages.views import ViewRecipe
 
@@ -18,7 +18,7 @@ DEFAULTS = {"proj_dim": 256, "proj_hidden_dim": 4096, "pred_hidden_dim": 4096, "
 
 def byol_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """2 - 2 cos(p, z), averaged over the batch; z is the target's output (no gradient)."""
-    return (2 - 2 * F.cosine_similarity(p.float(), z.detach().float(), dim=-1)).mean()
+    return (2 - 2 * F.cosine_similarity(at_least_fp32(p), at_least_fp32(z.detach()), dim=-1)).mean()
 
 
 class BYOL(nn.Module):

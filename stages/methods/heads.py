@@ -49,8 +49,15 @@ def cosine_momentum(base: float, progress: float) -> float:
 
 
 def head_input(h: torch.Tensor, precision) -> torch.Tensor:
-    """Backbone features as the heads take them: fp32, unless the precision runs the heads in a lower type too."""
-    return h.float() if precision.head_dtype is None else h
+    """Backbone features as the heads take them: in the weights' type (fp32, or fp64), unless the precision runs
+    the heads in a lower type too."""
+    return h.to(precision.param_dtype) if precision.head_dtype is None else h
+
+
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """x as the losses compute: fp32 (fp16/bf16 logits and normalisations overflow), or fp64 when it already is
+    (a `--precision fp64` run stays float64 to the loss)."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def through(x: torch.Tensor, precision, backbone: nn.Module, heads: tuple) -> torch.Tensor:

@@ -10,7 +10,7 @@ from torch import nn
 from stages import distributed
 from stages.backbones import freeze_patch_projection
 from stages.methods import byol
-from stages.methods.heads import cosine_momentum, ema_update, frozen_copy, mlp, online_and_momentum
+from stages.methods.heads import at_least_fp32, cosine_momentum, ema_update, frozen_copy, mlp, online_and_momentum
 from stages.methods.spec import MethodSpec, Recipe
 
 # The paper's ResNet defaults (and its main_moco.py): 3-layer projector and 2-layer predictor (4096 hidden,
@@ -24,9 +24,9 @@ def info_nce(q: torch.Tensor, k: torch.Tensor, temperature: float, queue: torch.
              first_positive: int = 0) -> torch.Tensor:
     """MoCo v3's contrastive loss: row i of q matches row first_positive + i of k; other keys (and queued keys)
     are negatives. k may hold more rows than q: every rank's keys, with this rank's starting at first_positive.
-    Scaled by 2 * temperature as in the paper. fp32 with logsumexp (cross_entropy): no overflow."""
-    q = F.normalize(q.float(), dim=1)
-    k = F.normalize(k.float(), dim=1)
+    Scaled by 2 * temperature as in the paper. fp32 (fp64 in an fp64 run) with logsumexp (cross_entropy): no overflow."""
+    q = F.normalize(at_least_fp32(q), dim=1)
+    k = F.normalize(at_least_fp32(k), dim=1)
     logits = q @ k.T
     if queue is not None and queue.numel():
         logits = torch.cat([logits, q @ queue.T], dim=1)
@@ -52,7 +52,7 @@ class KeyQueue(nn.Module):
     def push(self, keys: torch.Tensor) -> None:
         size = self.buffer.shape[0]
         with torch.no_grad():  # a block, not a decorator: mutmut (`make mutation`) skips decorated functions
-            keys = F.normalize(keys.detach().float(), dim=1)[-size:]
+            keys = F.normalize(at_least_fp32(keys.detach()), dim=1)[-size:]
             idx = (self.ptr + torch.arange(keys.shape[0], device=keys.device)) % size
             self.buffer.index_copy_(0, idx, keys)
             self.ptr.copy_((self.ptr + keys.shape[0]) % size)

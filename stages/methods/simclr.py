@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages import distributed
-from stages.methods.heads import head_input, mlp
+from stages.methods.heads import at_least_fp32, head_input, mlp
 from stages.methods.spec import MethodSpec, Recipe
 from stages.views import ViewRecipe
 
@@ -17,13 +17,13 @@ DEFAULTS = {"temperature": 0.5, "proj_dim": 128, "proj_hidden_dim": 2048, "optim
 
 
 def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
-    """NT-Xent over 2N embeddings; each row's positive is its other view. Computed in fp32 with logsumexp
-    (cross_entropy) so large logits never overflow, even when the inputs came out of fp16/bf16.
+    """NT-Xent over 2N embeddings; each row's positive is its other view. Computed in fp32 (fp64 in an fp64 run)
+    with logsumexp (cross_entropy) so large logits never overflow, even when the inputs came out of fp16/bf16.
 
     With several processes, z1/z2 are this rank's share of the global batch: its rows are scored against every
     rank's embeddings (gathered with gradients), so the mean of the ranks' losses is the one-process loss of the
     global batch, and so is the gradient once DDP averages it."""
-    z = F.normalize(torch.cat([z1, z2]).float(), dim=1)
+    z = F.normalize(at_least_fp32(torch.cat([z1, z2])), dim=1)
     n = z1.shape[0]
     rank, world = distributed.rank(), distributed.world_size()
     everything = z if world == 1 else torch.cat([distributed.gather_with_grad(z[:n]), distributed.gather_with_grad(z[n:])])

@@ -129,7 +129,7 @@ def _tiny_method(name: str, **extra):
 
 
 FP32 = SimpleNamespace(backbone=lambda: torch.autocast("cpu", enabled=False), heads=lambda: torch.autocast("cpu", enabled=False),
-                       head_dtype=None)
+                       head_dtype=None, param_dtype=torch.float32)
 
 
 def test_byol_forward_is_the_symmetric_loss_against_the_target():
