@@ -37,8 +37,7 @@ from stages.data import ImageData, load_data, make_split
 from stages.data_spec import files, named
 from stages.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, store_size_for, validate
 from stages.training import (StopRequest, Training, augment_mode, build_training, default_workers, fp32_backbone,
-                             keep_on_device,
-                             rng_state, set_rng_state, train_step, view_batches)
+                             keep_on_device, rng_state, set_rng_state, train_step, view_batches)
 from stages.views import MEAN, STD
 
 
