@@ -120,7 +120,8 @@ def test_few_label_draws_fit_and_vote_on_their_own_train_rows_only(monkeypatch):
 
 def _backbone(size: int) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * size * size, 16))
+    # the pooling is the identity at `size` and lets other sizes through (a cache keyed by size is tested)
+    return torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(size), torch.nn.Flatten(), torch.nn.Linear(3 * size * size, 16))
 
 
 def _data(n=24, size=8):
@@ -179,6 +180,50 @@ def test_cached_features_extract_train_then_val_images_of_the_split(tmp_path, mo
     assert torch.equal(extracted[0], data.images[torch.as_tensor(split["train"])])
     assert torch.equal(extracted[1], data.images[torch.as_tensor(split["val"])])
     assert len(_near(val[0], train)) == 0 and _near(val[0], val).tolist() == [0, 1]  # the planted pair: val only
+
+
+def test_cached_features_are_never_served_for_another_split_or_other_weights(tmp_path, monkeypatch):
+    """Features cached for one split are never reused for another, whose val images may be the first one's train
+    images (nor for other weights, another step, other data or another size); the file holds what the report
+    reads: train and val rows and the weights' hash."""
+    import dataclasses
+
+    data, split = _data()
+    net, cpu, path = _backbone(8), torch.device("cpu"), tmp_path / "f.pt"
+    calls = []
+    real = le.extract_features
+    monkeypatch.setattr(le, "extract_features", lambda b, images, *a: calls.append(len(images)) or real(b, images, *a))
+
+    def cached(data=data, split=split, net=net, step=0, size=8):
+        return le.cached_features(path, net, step, data, split, size, cpu, 64, lambda *_: None)
+
+    first = cached()
+    assert calls == [len(split["train"]), len(split["val"])]
+    again = cached()
+    assert len(calls) == 2 and all(torch.equal(a, b) for a, b in zip(first[:2], again[:2])) and again[2] == "cpu"
+    stored = torch.load(path, weights_only=True)
+    assert torch.equal(stored["train"], first[0]) and torch.equal(stored["val"], first[1])
+    assert stored["key"]["weights_sha256"] == le.weights_sha256(net)
+    # one val image and one train image trade places: the indices' counts are the same, the images are not
+    swapped = dict(split, train=[split["val"][0]] + split["train"][1:], val=[split["train"][0]] + split["val"][1:])
+    swapped.update(train_sources=[data.sources[i] for i in swapped["train"]],
+                   val_sources=[data.sources[i] for i in swapped["val"]])
+    moved = cached(split=swapped)
+    assert len(calls) == 4 and torch.equal(moved[0], real(net, data.images[torch.as_tensor(swapped["train"])], 8, cpu))
+    other = _backbone(8)
+    with torch.no_grad():
+        other[2].weight.add_(1.0)
+    for change in (dict(net=other), dict(step=1), dict(size=7),
+                   dict(data=dataclasses.replace(data, spec="synthetic:other")),
+                   dict(data=dataclasses.replace(data, images=torch.nn.functional.pad(data.images, (0, 1, 0, 1))))):
+        n = len(calls)
+        cached(split=swapped, **change)
+        assert len(calls) == n + 2, change
+        cached(split=swapped)  # back to the swapped split's own features
+    path.write_bytes(b"not a cache")
+    n = len(calls)
+    cached()
+    assert len(calls) == n + 2  # a damaged file is only a cache: recomputed
 
 
 def test_pretraining_trains_on_the_train_images_of_the_split(tmp_path, tiny_overrides):
