@@ -5,9 +5,9 @@ Every write of a checkpoint stores a fresh random id beside its step (`new_id`).
 that pair, {"step", "id"} (`of_checkpoint`): eval/linear.json and export/encoder.pt from the checkpoint itself,
 export/trace.json, export/encoder.json, validate/parity.json and report.html from the encoder.pt they were made
 from. A reader compares the record of what it reads with checkpoints/last.pt's own (`current`), which it reads with
-mmap: the id sits in the checkpoint's pickle of a few kilobytes, so the check costs milliseconds whatever the
-weights weigh, where hashing a 400 MB last.pt would cost seconds on every command. An id and not the step alone:
-a retrained or copied-in checkpoint reaches the same step with other weights.
+mmap: the id sits in the checkpoint's pickle beside the tensors' headers and no weight is read (0.25-0.5 s for a
+308 MB ResNet-50 checkpoint on 2 busy cores, where its sha256 took 2.5 s, on every command). An id and not the step
+alone: a retrained or copied-in checkpoint reaches the same step with other weights.
 """
 
 from __future__ import annotations
