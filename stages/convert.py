@@ -119,7 +119,7 @@ def run(cfg: ExportConfig, run_dir: Path, say=print) -> dict:
 
     artifacts = written + _previous_entries(export_dir, meta["encoder_sha256"], {e["format"] for e in written}, say)
     artifacts.sort(key=lambda a: list(FORMATS).index(a["format"]))
-    sidecar = {**meta, "checkpoint": made_from, "sha256_of_directory": "sha256 over each file in sorted relative-path order: its path, a NUL "
+    sidecar = {**meta, "sha256_of_directory": "sha256 over each file in sorted relative-path order: its path, a NUL "
                                               "byte, its size (8 bytes, little-endian), its contents",
                "artifacts": artifacts}
     rundir.write_json_atomic(export_dir / SIDECAR, sidecar)

@@ -170,8 +170,9 @@ def average_(flat: torch.Tensor) -> None:
 
 
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
-    """The command `--gpus N` runs: torchrun (as `python -m torch.distributed.run`, so the same interpreter and
-    environment) on a free local port, starting `python -m pipeline ARGS` N times."""
+    """What `--gpus N` runs: torchrun (as `python -m torch.distributed.run`, so the same interpreter and
+    environment) on a free local port, starting `python -m pipeline ARGS` N times; `launch` runs the same arguments
+    through torchrun's own entry point inside the launching process."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             "-m", "pipeline", *args]
 

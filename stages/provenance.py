@@ -3,11 +3,11 @@ export or a parity result made from an earlier one.
 
 Every write of a checkpoint stores a fresh random id beside its step (`new_id`). Each file made from it records
 that pair, {"step", "id"} (`of_checkpoint`): eval/linear.json and export/encoder.pt from the checkpoint itself,
-export/trace.json, export/encoder.json, validate/parity.json and report.html from the encoder.pt they were made
-from. A reader compares the record of what it reads with checkpoints/last.pt's own (`current`), which it reads with
-mmap: the id sits in the checkpoint's pickle of a few kilobytes, so the check costs milliseconds whatever the
-weights weigh, where hashing a 400 MB last.pt would cost seconds on every command. An id and not the step alone:
-a retrained or copied-in checkpoint reaches the same step with other weights.
+export/trace.json, validate/parity.json and report.html from the encoder.pt they were made from, and every exported
+artifact and export/encoder.json as `step` and `checkpoint_id` among their metadata. A reader compares the record of what it reads with checkpoints/last.pt's own (`current`), which it reads with
+mmap: the id sits in the checkpoint's pickle beside the tensors' headers and no weight is read (0.25-0.5 s for a
+308 MB ResNet-50 checkpoint on 2 busy cores, where its sha256 took 2.5 s, on every command). An id and not the step
+alone: a retrained or copied-in checkpoint reaches the same step with other weights.
 """
 
 from __future__ import annotations
@@ -112,6 +112,8 @@ def check_results(run_dir: Path) -> None:
     now = current(run_dir)
     read = {rel: rundir.load_json(run_dir / rel, "result") for rel in REMAKE if (run_dir / rel).is_file()}
     record = {rel: r.get("checkpoint") if isinstance(r, dict) else None for rel, r in read.items()}
+    if isinstance(read.get(SIDECAR), dict):  # the sidecar holds the artifacts' metadata, the record among it
+        record[SIDECAR] = {"step": read[SIDECAR].get("step"), "id": read[SIDECAR].get("checkpoint_id")}
     older = [rel for rel in read if now is not None and not same(record[rel], now)]
     other = PARITY in read and PARITY not in older and (SIDECAR in older or _validated_other(read[PARITY], read.get(SIDECAR)))
     if not (older or other):

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 from export.coreml import program_ops
 from export.metadata import as_strings
@@ -65,7 +66,8 @@ def check_coreml_metadata(spec, sidecar: dict, fmt: str) -> None:
 
 def test_coreml_export_resnet18(tmp_path, tiny_overrides):
     out = _traced_run(tmp_path, tiny_overrides)
-    rundir.write_json_atomic(out / rundir.EVAL / "linear.json", {"top1": 0.625, "knn_top1": 0.5, "checkpoint": {"step": 1}})
+    measured = {"step": 1, "id": torch.load(out / rundir.LAST_CHECKPOINT, weights_only=False)["id"]}  # this checkpoint
+    rundir.write_json_atomic(out / rundir.EVAL / "linear.json", {"top1": 0.625, "knn_top1": 0.5, "checkpoint": measured})
     sidecar = export(ExportConfig(to="coreml", deployment_target="iOS17"), out, say=lambda *_: None)
     assert json.loads((out / rundir.EXPORT / SIDECAR).read_text()) == sidecar
     assert all(k in sidecar for k in REQUIRED_METADATA)

@@ -76,6 +76,8 @@ def test_linear_eval_top1_only_when_it_measured_this_checkpoint(tmp_path):
     said = []
     assert linear_eval_scores(tmp_path, 6, say=said.append) == {}
     assert "measured step 5" in said[0]
+    assert linear_eval_scores(tmp_path, 5, say=said.append, checkpoint_id="0123abcd") == {}  # a retrained step 5
+    assert "measured another checkpoint of step 5" in said[1]
     (tmp_path / rundir.EVAL / "linear.json").write_text("{trunc")
     with pytest.raises(PipelineError, match="not valid JSON"):
         linear_eval_scores(tmp_path, 5)

@@ -162,3 +162,27 @@ def test_a_resume_of_a_run_cut_by_max_steps_names_the_way_on(tmp_path):
     res = CliRunner().invoke(main, ["pretrain", "--resume", "--out", str(run)])
     assert res.exit_code == 0 and "finished training (step 2 of 2)" in res.output, res.output
     assert "`--resume --max-steps 0` trains on through every epoch" in res.output
+
+
+def test_ctrl_c_under_gpus_2_stops_both_processes_with_one_line(tmp_path):
+    """`pipeline pretrain --gpus 2` (two CPU processes over gloo under torchrun's agent): a Ctrl-C reaches the
+    launcher and both workers; the workers agree on a step, rank 0 writes it, and the launcher exits 130 once they
+    are done, with rank 0's line alone (no torchrun warning or traceback)."""
+    run = tmp_path / "run"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in LONG.items()]
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "pretrain", *flags, "--gpus", "2", "--out", str(run)],
+                            cwd=ROOT, env={**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics, deadline = run / rundir.METRICS, time.monotonic() + 300
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out + err
+    ckpt = _weights(run)
+    step = ckpt["step"]
+    assert 0 < step < 30 and ckpt["meta"]["world_size"] == 2
+    assert [line for line in err.splitlines() if line.strip()] == [
+        f"stopped by SIGINT at step {step} of 30: {run / rundir.LAST_CHECKPOINT} holds it; "
+        f"`pipeline pretrain --resume --out {run} --gpus 2` goes on from step {step}"], err
