@@ -19,7 +19,7 @@ REPORT_SRC   := stages/report.py stages/report_figures.py stages/runspec.py stag
 # the toolchain's usual place, for a shell that starts without /opt/swift on PATH
 SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
 
-.PHONY: all install test clean-run swift-fixtures browser mutation
+.PHONY: all install test test-portable clean-run swift-fixtures browser mutation
 all: $(RUN)/report.html
 	@$(BIN)/pipeline show --run $(RUN)
 
@@ -63,6 +63,12 @@ $(RUN)/report.html: $(RUN)/validate/parity.json $(RUN)/eval/linear.json $(REPORT
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -n 2 tests
 	cd swift_demo && $(SWIFT) test
+
+# The suite under each of ATen's lower CPU kernel paths (the best path is `make test`'s): a number a test pins must
+# come out the same on every CPU, and these are the paths other CPUs take. Python tests only; ~2 x make test.
+test-portable: $(STAMP) browser
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -n 2 tests
+	ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest -n 2 tests
 
 # golden files for swift_demo/ from the run's export/encoder.pt (commit them; a pytest checks they are current)
 swift-fixtures: $(RUN)/export/encoder.json

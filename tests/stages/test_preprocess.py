@@ -18,7 +18,7 @@ from export import coreml_runtime, mil_eval
 from pipeline import cli
 from pipeline.errors import PipelineError
 from stages import augment, bench, preprocess
-from tests.stages.test_pretrain import PIN_RTOL, PINNED, _losses
+from tests.stages.test_pretrain import PIN_RTOL, PIN_RUN, PINNED, _losses
 from tests.tiny_run import pretrain_tiny
 
 SIZE, STORE = 48, 55  # a view side with a 5-tap blur (reflect padding two deep); 8/7 of it, a folder store
@@ -132,8 +132,8 @@ def test_pretraining_with_preprocess_auto_on_linux(tmp_path, tiny_overrides, on_
     """auto on Linux is the torch backend, which is the reference path: the pinned losses, and the log says why."""
     lines = []
     out = tmp_path / "run"
-    pretrain_tiny(out, say=lines.append, max_steps=3, preprocess="auto", augment="cpu", recipe="paper")
-    assert _losses(out) == pytest.approx(PINNED["simclr"], rel=PIN_RTOL["simclr"])
+    pretrain_tiny(out, say=lines.append, **PIN_RUN, preprocess="auto", augment="cpu", recipe="paper")
+    assert _losses(out) == pytest.approx(PINNED["simclr"], rel=PIN_RTOL)
     setup = [line for line in lines if line.startswith("pretraining ")]
     assert "preprocess torch (auto: Core ML cannot run here: Core ML runs only on macOS (this is Linux))" in setup[0]
 
