@@ -65,7 +65,7 @@ def _after_pool_selector():
 
     def fp16(op) -> bool:
         if not tail:
-            tail.update({id(t): t for t in tail_ops(op.enclosing_block)} or {0: None})
+            tail.update({id(t): t for t in tail_ops(op.enclosing_block)} or {0: None})  # {0: None}: no tail, asked
         return id(op) not in tail
 
     return fp16

@@ -14,9 +14,10 @@ from typing import Any
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME
 from pipeline import __version__, rundir
+from stages.backbones import BACKBONES
 from stages.methods import METHODS
 
-BACKBONE_NAMES = {"resnet18": "ResNet-18", "resnet34": "ResNet-34", "resnet50": "ResNet-50"}
+BACKBONE_NAMES = {name: row.title for name, row in BACKBONES.items()}  # as the papers write them
 LINEAR_EVAL = "linear.json"  # in RUN/eval/, written by `pipeline linear-eval`
 
 

@@ -71,6 +71,8 @@ def build_optimizer(name: str, groups: list[dict], lr: float, weight_decay: floa
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay)
     if name == "adamw":
+        # What ViTs train with (the recipes' ViT rule, stages/recipes.py): weight decay on every trainable parameter
+        # and torch's default betas, as MoCo v3's main_moco.py; a frozen patch projection is in no group at all.
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     raise ValueError(name)
 
