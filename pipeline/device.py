@@ -74,8 +74,9 @@ def device_report() -> list[tuple[str, bool, str]]:
 @dataclass(frozen=True)
 class Precision:
     """Autocast policy. CUDA: bf16 everywhere autocast reaches (no overflow risk, no scaler). MPS: fp16 for the
-    backbone only, heads and loss in fp32 (fp16 logits/normalisations overflow), with a grad scaler. CPU: fp32, or fp64 (param_dtype: weights, views and every activation in float64) where a
-    number must come out the same on every CPU."""
+    backbone only, heads and loss in fp32 (fp16 logits/normalisations overflow), with a grad scaler. CPU: fp32,
+    or fp64 (param_dtype: weights, views and every activation in float64) where a number must come out the same on
+    every CPU."""
 
     device_type: str
     backbone_dtype: torch.dtype | None

@@ -27,7 +27,7 @@ PINNED = {
 # The pins are of the papers' recipe (`--recipe paper`), whose values stay put; test_small_recipe_pins pins the
 # small-data recipe that `auto` gives such a tiny run.
 PIN_EXTRA = {"simclr": {"recipe": "paper"}, "byol": {"recipe": "paper"}, "mocov3": {"recipe": "paper", "queue_size": 16}}
-# The same run differs between CPUs, and not because of threads: ATen builds its kernels once per instruction set
+# The same run differs between CPUs, and hardly because of threads: ATen builds its kernels once per instruction set
 # (ATEN_CPU_CAPABILITY: default, avx2, avx512), and they sum in different orders, fuse u * (b - a) + a into one FMA
 # or not, and draw normal_ in float32 with another algorithm on AVX2. In float32 three steps amplify that to a 3.3e-2
 # spread between those paths (MoCo v3, small recipe; 3.4e-3 BYOL small, 2e-6 or less for the paper recipe's runs).
