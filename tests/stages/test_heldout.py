@@ -230,7 +230,7 @@ def test_pretraining_trains_on_the_train_images_of_the_split(tmp_path, tiny_over
     from stages import pretrain, runspec
 
     cfg = runspec.config_for_run(None, {**tiny_overrides, "val_fraction": 0.25}, tmp_path, False)
-    data, split, images = pretrain.train_split(cfg, tmp_path, resume=False, main=True)
+    data, split, images = pretrain.train_split(cfg, tmp_path, resume=False)
     assert set(split["train"]).isdisjoint(split["val"]) and len(split["train"]) + len(split["val"]) == len(data)
     assert torch.equal(images, data.images[torch.as_tensor(split["train"])])
 

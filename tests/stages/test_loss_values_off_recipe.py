@@ -29,7 +29,7 @@ MOMENTUM_BASE = 0.73
 PROGRESS = 0.3  # the update's share of the run: the cosine schedule's momentum there is neither base nor 1
 KNN = dict(knn_k=7, knn_temperature=0.37, majority_k=3)  # against the protocol's 200, 0.1 and 20
 
-FP32 = SimpleNamespace(backbone=lambda: torch.autocast("cpu", enabled=False),
+FP32 = SimpleNamespace(param_dtype=torch.float32, backbone=lambda: torch.autocast("cpu", enabled=False),
                        heads=lambda: torch.autocast("cpu", enabled=False), head_dtype=None)
 
 
