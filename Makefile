@@ -7,14 +7,14 @@ RUN    ?= runs/default
 CONFIG ?= configs/default.yaml
 STAMP  := $(VENV)/.installed
 
-PRETRAIN_SRC := stages/pretrain.py stages/runspec.py stages/training.py stages/recipes.py stages/views.py stages/augment.py \
-                stages/device_augment.py stages/preprocess.py stages/data.py stages/backbones.py stages/optim.py \
-                stages/distributed.py stages/configs.py stages/provenance.py $(wildcard stages/methods/*.py)
-EVAL_SRC     := stages/linear_eval.py stages/runspec.py stages/provenance.py stages/knn.py stages/features.py
-EXPORT_SRC   := stages/convert.py export/encoder.py export/formats.py export/coreml.py export/onnx_format.py \
-                export/metadata.py export/quiet.py export/traced.py stages/configs.py stages/provenance.py
-VALIDATE_SRC := stages/validate.py stages/runspec.py stages/provenance.py export/mil_eval.py export/nn_eval.py export/parity.py export/coreml_runtime.py
-REPORT_SRC   := stages/report.py stages/report_figures.py stages/runspec.py stages/provenance.py
+PRETRAIN_SRC := stages/pretrain.py train/runspec.py train/training.py train/recipes.py core/views.py train/augment.py \
+                train/device_augment.py train/preprocess.py train/data.py train/backbones.py train/optim.py \
+                train/distributed.py train/configs.py core/provenance.py $(wildcard train/methods/*.py)
+EVAL_SRC     := stages/linear_eval.py train/runspec.py core/provenance.py train/knn.py train/features.py
+EXPORT_SRC   := stages/export.py export/encoder.py export/formats.py export/coreml.py export/onnx_format.py \
+                export/metadata.py core/quiet.py export/traced.py train/configs.py core/provenance.py
+VALIDATE_SRC := stages/validate.py train/runspec.py core/provenance.py export/mil_eval.py export/nn_eval.py export/parity.py core/coreml_runtime.py
+REPORT_SRC   := stages/report.py stages/report_figures.py train/runspec.py core/provenance.py
 
 # the toolchain's usual place, for a shell that starts without /opt/swift on PATH
 SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
@@ -41,10 +41,10 @@ $(RUN)/checkpoints/last.pt: $(STAMP) $(CONFIG) $(PRETRAIN_SRC)
 $(RUN)/eval/linear.json: $(RUN)/checkpoints/last.pt $(EVAL_SRC)
 	$(BIN)/pipeline linear-eval --run $(RUN) --labels-per-class 5
 
-$(RUN)/export/encoder.pt: $(RUN)/checkpoints/last.pt stages/strip.py stages/runspec.py stages/provenance.py export/encoder.py
+$(RUN)/export/encoder.pt: $(RUN)/checkpoints/last.pt stages/strip.py train/runspec.py core/provenance.py export/encoder.py
 	$(BIN)/pipeline strip --run $(RUN)
 
-$(RUN)/export/trace.json: $(RUN)/export/encoder.pt stages/trace.py stages/provenance.py export/traced.py
+$(RUN)/export/trace.json: $(RUN)/export/encoder.pt stages/trace.py core/provenance.py export/traced.py
 	$(BIN)/pipeline trace --run $(RUN)
 
 # linear.json is a prerequisite so its top-1 lands in every artifact's metadata
@@ -83,24 +83,24 @@ browser:
 	else echo "note: chromium/chromedriver missing and not root: the report's browser test will be skipped"; fi
 
 # Mutation testing of the critical modules (docs/tests.md), not part of `make test`: mutmut mutates one function at a
-# time and runs the tests that reach it. Narrow it with e.g. `make mutation MUTANTS='stages.knn.*'`.
+# time and runs the tests that reach it. Narrow it with e.g. `make mutation MUTANTS='train.knn.*'`.
 # augment / device_augment: the parameter draws and the view ops only (docs/tests.md says why).
-MUTANTS ?= stages.knn.x_[kwt]* stages.knn.x_majority* export.parity.* stages.validate.x_gate* stages.validate.x_check__* stages.linear_eval.x_probes* \
-           stages.methods.* export.encoder.* stages.runspec.x_validate* stages.runspec.x_config_for_run* \
-           stages.runspec.x_resolve* pipeline.config.* stages.augment.x_sample_* stages.augment.x_apply_view* \
-           stages.augment.x_uint8_view* stages.augment.x_recipes_for* stages.views.x_blur_kernel_size* \
-           stages.augment.x_view_seed* stages.augment.x_epoch_batches* stages.augment.x_normalize* \
-           stages.augment.x_center_views* stages.device_augment.x_normalize* stages.device_augment.x__plan* \
-           stages.device_augment.x_apply_views* stages.device_augment.x_resize_matrices* \
-           stages.device_augment.x_blur_matrices* stages.device_augment.x_shift_hue* stages.device_augment.x__grey* \
-           stages.device_augment.x_colour* stages.device_augment.x_batch_seed* stages.device_augment.x_draw_params* \
+MUTANTS ?= train.knn.x_[kwt]* train.knn.x_majority* export.parity.* stages.validate.x_gate* stages.validate.x_check__* stages.linear_eval.x_probes* \
+           train.methods.* train.heads.* export.encoder.* train.runspec.x_validate* train.runspec.x_config_for_run* \
+           train.runspec.x_resolve* core.config.* train.augment.x_sample_* train.augment.x_apply_view* \
+           train.augment.x_uint8_view* train.augment.x_recipes_for* core.views.x_blur_kernel_size* \
+           train.augment.x_view_seed* train.augment.x_epoch_batches* train.augment.x_normalize* \
+           train.augment.x_center_views* train.device_augment.x_normalize* train.device_augment.x__plan* \
+           train.device_augment.x_apply_views* train.device_augment.x_resize_matrices* \
+           train.device_augment.x_blur_matrices* train.device_augment.x_shift_hue* train.device_augment.x__grey* \
+           train.device_augment.x_colour* train.device_augment.x_batch_seed* train.device_augment.x_draw_params* \
            $(HELDOUT_MUTANTS)
 # what reads val images and what must never learn from them (tests/stages/test_heldout.py): the probes, C's selection,
 # the few-label draws, the features' extraction, the monitor, the report's retrieval and maps, validate's images
 HELDOUT_MUTANTS ?= stages.linear_eval.x_fit_probe* stages.linear_eval.x_choose_c* stages.linear_eval.x_linear_probe* \
            stages.linear_eval.x_selection_splits* stages.linear_eval.x_holdout_split* stages.linear_eval.x__both* \
            stages.linear_eval.x_few_label_probes* stages.linear_eval.x_per_class_subset* \
-           stages.linear_eval.x_cached_features* stages.knn.x_make_monitor* stages.report.x_retrieval* \
+           stages.linear_eval.x_cached_features* train.knn.x_make_monitor* stages.report.x_retrieval* \
            stages.report.x_cosine_neighbours* stages.report.x_embedding_map* stages.report.x_labels_of* \
            stages.validate.x_val_images* stages.pretrain.x_train_split*
 mutation: $(STAMP)

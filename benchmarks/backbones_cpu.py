@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from stages.backbones import BACKBONES, build_backbone  # noqa: E402
+from train.backbones import BACKBONES, build_backbone  # noqa: E402
 
 CHAIN_SIZE = 32
 PRETRAIN = ["--data", "synthetic:48", "--image-size", str(CHAIN_SIZE), "--epochs", "1", "--batch-size", "8",

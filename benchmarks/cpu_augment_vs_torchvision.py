@@ -23,7 +23,7 @@ last (worker start-up excluded), and CPU ms per image of the whole epoch (this p
 getrusage), paths interleaved, medians over --e2e-repeats.
 
 --coreml adds the per-image path with `--preprocess coreml` (jitter's blends, grayscale and blur as Core ML models,
-export/preprocess_models.py), twice: its calls run by the project's reference evaluator (export/mil_eval.py, as
+train/preprocess_models.py), twice: its calls run by the project's reference evaluator (export/mil_eval.py, as
 the tests do off macOS: PyTorch executing the models' ops, nothing like Core ML's speed), and its calls answered
 for free (the input handed back at once): what the worker's CPU still does per item with the offload on (crop,
 flip and hue in float torch, the fp32 copies to and from each call), a lower bound of the offload's cost on a Mac
@@ -56,7 +56,7 @@ import torchvision  # noqa: E402
 import torchvision.transforms.v2 as T  # noqa: E402
 from PIL import Image, ImageFilter  # noqa: E402
 
-from stages import augment, preprocess  # noqa: E402
+from train import augment, preprocess  # noqa: E402
 
 
 class PilGaussianBlur:
@@ -106,14 +106,15 @@ class PilTwoViews(torch.utils.data.Dataset):
 
 
 class CoreMLStandIn:
-    """export.coreml_runtime's load and predict for the Core ML backend off macOS: `evaluator` runs each model's
-    program with the reference evaluator (as tests/stages/test_preprocess.py does); `free` hands the image back."""
+    """core.coreml_runtime's load and predict for the Core ML backend off macOS: `evaluator` runs each model's
+    program with the reference evaluator (as tests/train/test_preprocess.py does); `free` hands the image back."""
 
     def __init__(self, how: str):
         self.how = how
 
     def __enter__(self):
-        from export import coreml_runtime, mil_eval
+        from core import coreml_runtime
+        from export import mil_eval
 
         self.saved = {k: getattr(coreml_runtime, k) for k in ("coreml_can_predict", "coreml_load", "coreml_predict_arrays")}
         coreml_runtime.coreml_can_predict = lambda: (True, "")
@@ -127,7 +128,7 @@ class CoreMLStandIn:
         return self
 
     def __exit__(self, *exc):
-        from export import coreml_runtime
+        from core import coreml_runtime
 
         for k, v in self.saved.items():
             setattr(coreml_runtime, k, v)

@@ -5,9 +5,9 @@ and pick other conv algorithms in each process state). Usage (a CUDA machine): p
 
 import torch
 
-from stages.configs import PretrainConfig
-from stages.training import build_training, train_step
-from stages.runspec import resolve, seed_everything
+from train.configs import PretrainConfig
+from train.training import build_training, train_step
+from train.runspec import resolve, seed_everything
 
 device = torch.device("cuda")
 STEPS, BATCH, SIZE = 20, 128, 32

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from stages import augment, device_augment
+from train import augment, device_augment
 
 dev = torch.device("cuda")
 g = torch.Generator().manual_seed(0)

@@ -26,7 +26,7 @@ def results(mutmut: str) -> list[tuple[str, str]]:
 
 
 def module_of(mutant: str) -> str:
-    """stages.knn.x_knn_scores__mutmut_3 -> stages.knn; methods of classes look like module.xǁClassǁmethod__..."""
+    """train.knn.x_knn_scores__mutmut_3 -> train.knn; methods of classes look like module.xǁClassǁmethod__..."""
     return mutant.split(".x_")[0].split(".xǁ")[0]
 
 

@@ -74,7 +74,7 @@ def regressions() -> dict[str, float]:
     """{what changed: how far it moves the paper pins}, in-process at 1 thread."""
     import torch
 
-    from stages import augment, recipes
+    from train import augment, recipes
     from tests.stages.test_pretrain import PINNED, pinned_losses
 
     torch.set_num_threads(1)

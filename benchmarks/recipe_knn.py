@@ -1,6 +1,6 @@
 """kNN top-1 of an encoder on a `folder:` dataset's held-out eval images against its train images (the recipe
 grid's measure): features of `export/encoder.pt` (what `pipeline strip` ships: normalisation inside, L2-normalised
-output), weighted vote of the k = 200 most cosine-similar train images, exp(sim / 0.1) each (stages/knn.py).
+output), weighted vote of the k = 200 most cosine-similar train images, exp(sim / 0.1) each (train/knn.py).
 
     python benchmarks/recipe_knn.py --train DIR --eval DIR (--encoder RUN/export/encoder.pt | --random-init --seed S ...)
         [--device cuda] [--results FILE.jsonl] [--tag key=value ...]
@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import torch  # noqa: E402
 
 from export.encoder import Encoder, load_encoder  # noqa: E402
-from stages import augment  # noqa: E402
-from stages.backbones import build_backbone, uses_small_stem  # noqa: E402
-from stages.data import load_data  # noqa: E402
-from stages.knn import TEMPERATURE, WEIGHTED_K, weighted_knn_top1  # noqa: E402
+from train import augment  # noqa: E402
+from train.backbones import build_backbone, uses_small_stem  # noqa: E402
+from train.data import load_data  # noqa: E402
+from train.knn import TEMPERATURE, WEIGHTED_K, weighted_knn_top1  # noqa: E402
 
 
 @torch.no_grad()

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pipeline import rundir  # noqa: E402
+from core import rundir  # noqa: E402
 from stages import swift_fixtures as sf  # noqa: E402
-from stages.backbones import build_backbone  # noqa: E402
+from train.backbones import build_backbone  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "swift_demo" / ".build" / "debug" / "embedding-demo"
 

@@ -14,7 +14,7 @@ from typing import Any
 import click
 import yaml
 
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 
 
 def opt(default: Any, why: str, choices: tuple[str, ...] | None = None):

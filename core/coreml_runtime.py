@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 
 COMPUTE_UNITS = ("CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE", "ALL")  # coremltools.ComputeUnit names
 
@@ -17,7 +17,7 @@ def coreml_can_predict() -> tuple[bool, str]:
     if platform.system() != "Darwin":
         return False, f"Core ML runs only on macOS (this is {platform.system()}); the reference evaluator is used instead"
     try:
-        from export.quiet import import_coremltools
+        from core.quiet import import_coremltools
 
         import_coremltools()  # its import-time lines filtered before the native module is asked for
         from coremltools import libcoremlpython  # noqa: F401  (the native bridge predict() needs)
@@ -58,7 +58,7 @@ def coreml_load(path: Path | str, compute_units: str):
         raise PipelineError(why)
     if compute_units not in COMPUTE_UNITS:
         raise PipelineError(f"compute units must be one of {', '.join(COMPUTE_UNITS)}, got {compute_units!r}")
-    from export.quiet import import_coremltools
+    from core.quiet import import_coremltools
 
     ct = import_coremltools()
     try:

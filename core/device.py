@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 
 
 def enable_mps_fallback() -> None:

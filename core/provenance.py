@@ -19,8 +19,8 @@ import shlex
 import uuid
 from pathlib import Path
 
-from pipeline import rundir
-from pipeline.errors import PipelineError
+from core import rundir
+from core.errors import PipelineError
 
 
 def new_id() -> str:

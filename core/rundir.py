@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -35,7 +35,7 @@ ENCODER = "export/encoder.pt"  # the stripped backbone (`pipeline strip`), what 
 # checkpoints/*.pt keys: `pipeline pretrain` writes them, --resume, strip and linear-eval read them.
 CKPT_MODEL, CKPT_OPTIMIZER, CKPT_SCHEDULER, CKPT_SCALER = "model", "optimizer", "scheduler", "scaler"
 CKPT_STEP, CKPT_EPOCHS_DONE, CKPT_RNG, CKPT_CONFIG, CKPT_META = "step", "epochs_done", "rng", "config", "meta"
-CKPT_ID = "id"  # fresh at every write: what each file made from the checkpoint records (stages/provenance.py)
+CKPT_ID = "id"  # fresh at every write: what each file made from the checkpoint records (core/provenance.py)
 SIDECAR = "encoder.json"  # in export/: every artifact with its format, size and sha256 (the Swift demo reads it)
 
 

@@ -1,9 +1,9 @@
 """What a view is, shared by every augmentation backend: the recipe of one view, the normalisation statistics, the
 blur kernel rule and the meaning of the jitter codes.
 
-A leaf on purpose: it imports nothing of this project (nor torch), so the CPU path (stages/augment.py), the device
-path (stages/device_augment.py), the per-image pixel ops (stages/preprocess.py), the Core ML preprocessing models
-(export/preprocess_models.py) and the methods that declare their views can all read it without an import loop.
+A leaf on purpose: it imports nothing of this project (nor torch), so the CPU path (train/augment.py), the device
+path (train/device_augment.py), the per-image pixel ops (train/preprocess.py), the Core ML preprocessing models
+(train/preprocess_models.py) and the methods that declare their views can all read it without an import loop.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ import numpy as np
 from export.encoder import INPUT_NAME, OUTPUT_NAME
 from export.targets import NEURALNETWORK_TARGET, SPEC_TARGETS
 from export.metadata import as_strings, input_description, output_description
-from export.quiet import conversion_bars_off, import_coremltools
-from pipeline.errors import PipelineError
+from core.quiet import conversion_bars_off, import_coremltools
+from core.errors import PipelineError
 
 POOL_OPS = ("reduce_mean", "avg_pool")  # the last one is the global pool (squeeze-excitation pools come before it)
 TAIL_WITHOUT_POOL = "layer_norm"  # a ViT: the last one is the final norm

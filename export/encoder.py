@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipeline.errors import PipelineError
-from stages.backbones import build_from_args
+from core.errors import PipelineError
+from train.backbones import build_from_args
 
 INPUT_NAME = "image"  # every artifact's input: float/uint8 RGB image, 0..255, N x 3 x S x S
 OUTPUT_NAME = "embedding"  # every artifact's output: float32, N x D

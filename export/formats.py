@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from export.targets import ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS, NEURALNETWORK_TARGET, ipados
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 
 
 def _write_mlpackage(*args, **kwargs):

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME
-from pipeline import __version__, rundir
-from stages.backbones import BACKBONES
-from stages.methods import METHODS
+from core import __version__, rundir
+from train.backbones import BACKBONES
+from train.methods import METHODS
 
 BACKBONE_NAMES = {name: row.title for name, row in BACKBONES.items()}  # as the papers write them
 LINEAR_EVAL = "linear.json"  # in RUN/eval/, written by `pipeline linear-eval`
@@ -23,7 +23,7 @@ LINEAR_EVAL = "linear.json"  # in RUN/eval/, written by `pipeline linear-eval`
 
 def linear_eval_scores(run_dir: Path, step: int | None, say=print, checkpoint_id: str | None = None) -> dict[str, float]:
     """top-1 scores of eval/linear.json, only when it measured this checkpoint (same step and checkpoint id, the
-    one every write of a checkpoint gets: stages/provenance.py); else nothing."""
+    one every write of a checkpoint gets: core/provenance.py); else nothing."""
     path = run_dir / rundir.EVAL / LINEAR_EVAL
     if not path.is_file():
         return {}
@@ -68,7 +68,7 @@ def build_metadata(run_dir: Path, state: dict, trace_info: dict, author: str, li
         "run_id": run_id,
         "epochs": epochs,
         "step": strip_meta.get("step"),
-        "checkpoint_id": strip_meta.get("checkpoint_id"),  # of checkpoints/last.pt when stripped: stages/provenance.py
+        "checkpoint_id": strip_meta.get("checkpoint_id"),  # of checkpoints/last.pt when stripped: core/provenance.py
         "data": strip_meta.get("data"),
         "linear_top1": scores.get("top1"),
         "knn_top1": scores.get("knn_top1"),

@@ -10,7 +10,7 @@ What it reproduces exactly, because that is where export bugs live:
   ImageType scale/bias are ops inside the program (coremltools inserts them), so they run like any other op.
 - fp16: a tensor the program declares fp16 is computed in fp32 and rounded to fp16 after every op, which is how
   Core ML stores it; fp16 weights are used as stored. Kernels that accumulate in fp16 (GPU/ANE) differ by more
-  rounding than this; only the real runtime on a Mac measures that (`export.coreml_runtime`).
+  rounding than this; only the real runtime on a Mac measures that (`core.coreml_runtime`).
 An op without an entry in `MIL_OPS` is an error that names it; the evaluator never skips or guesses. After every
 op the result is checked against the shape the program declares, so an evaluator bug cannot pass silently either.
 Each image is its own prediction (batch 1, as Vision calls Core ML), vectorised over images with torch.vmap.
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from export.quiet import import_coremltools
-from pipeline.errors import PipelineError
+from core.quiet import import_coremltools
+from core.errors import PipelineError
 
 COLOR_SPACES = {10: "GRAYSCALE", 20: "RGB", 30: "BGR", 40: "GRAYSCALE_FLOAT16"}  # ImageFeatureType.ColorSpace
 

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from export.mil_eval import (COLOR_SPACES, InputInfo, batched, call_checked, conv_nd, gelu, image_input, image_io,
                              pad_spatial, pool_nd, resize_linear, same_pads)
-from export.quiet import import_coremltools
-from pipeline.errors import PipelineError
+from core.quiet import import_coremltools
+from core.errors import PipelineError
 
 
 # ---------------------------------------------------------------- weights

@@ -20,7 +20,7 @@ import torch
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME
 from export.metadata import as_strings, input_description, output_description
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 
 BATCH_DIM = "batch"  # the symbolic name of the free batch axis in the file
 TOLERANCE = 1e-4  # |onnxruntime - traced program| on the example input before the file is accepted

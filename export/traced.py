@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline import rundir
-from pipeline.errors import PipelineError
-from pipeline.rundir import encoder_path, file_sha256
+from core import rundir
+from core.errors import PipelineError
+from core.rundir import encoder_path, file_sha256
 
 TRACE_INFO = "trace.json"
 FILES = {"torch.export": "encoder.pt2", "jit.trace": "encoder.ts"}  # the one traced artifact, by tracer

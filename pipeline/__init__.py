@@ -1,3 +1,1 @@
-"""The runner: CLI, config, run directory, device and precision policy."""
-
-__version__ = "0.1.0"
+"""The faces: the Click CLI (`pipeline`) and the job service (`pipeline serve`). They stand on every floor below."""

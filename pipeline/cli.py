@@ -15,10 +15,10 @@ from pathlib import Path
 
 import click
 
-from pipeline import rundir
-from pipeline.config import as_flags
-from pipeline.errors import PipelineError
-from stages.data_spec import check_image_folder, check_spec
+from core import rundir
+from core.config import as_flags
+from core.errors import PipelineError
+from train.data_spec import check_image_folder, check_spec
 
 
 def one_line_errors(fn):
@@ -100,8 +100,8 @@ def main():
 
 
 def _pretrain_command():
-    from pipeline.config import options_from
-    from stages.configs import PretrainConfig
+    from core.config import options_from
+    from train.configs import PretrainConfig
 
     @main.command("pretrain")
     @options_from(PretrainConfig)
@@ -122,7 +122,7 @@ def _pretrain_command():
         if spec:
             check_spec(spec)  # before torch loads and before the run folder exists
 
-        from stages import distributed, runspec
+        from train import distributed, runspec
         from stages import pretrain as stage
 
         if out is None:
@@ -143,8 +143,8 @@ def _pretrain_command():
 def _pretrain_data(config_file, overrides: dict, run_dir: Path, resume: bool) -> str | None:
     """The data SPEC pretraining will read, from the same flags and files as runspec.config_for_run; None when a
     --resume has no config.yaml (config_for_run says what is missing)."""
-    from pipeline.config import load_config
-    from stages.configs import PretrainConfig
+    from core.config import load_config
+    from train.configs import PretrainConfig
 
     saved = run_dir / rundir.CONFIG
     if resume and not config_file:
@@ -162,8 +162,8 @@ _pretrain_command()
 
 
 def _bench_command():
-    from pipeline.config import options_from
-    from stages.configs import BenchConfig
+    from core.config import options_from
+    from train.configs import BenchConfig
 
     @main.command("bench")
     @options_from(BenchConfig)
@@ -174,9 +174,9 @@ def _bench_command():
         """Training throughput: end to end vs the model-step ceiling on ready tensors, data wait, peak memory."""
         import json
 
-        from pipeline.config import load_config
+        from core.config import load_config
         from stages import bench as stage
-        from stages import distributed
+        from train import distributed
 
         cfg = load_config(BenchConfig, None, overrides)
         if gpus is not None and gpus != 1 and not distributed.launched():
@@ -193,7 +193,7 @@ def stage_command(name, config_cls, module, help_, epilog=None, request=None, be
     """One stage as a command: its config's options as flags, plus --config and --run; `request(cfg)` refuses an
     impossible request, then the stage's inputs are checked (check_inputs), `before(run_dir, cfg)` runs, and
     `show(module, result)` prints the stage's result."""
-    from pipeline.config import options_from
+    from core.config import options_from
 
     @main.command(name, help=help_, epilog=epilog)
     @options_from(config_cls)
@@ -203,7 +203,7 @@ def stage_command(name, config_cls, module, help_, epilog=None, request=None, be
     def command(config_file, run, **overrides):
         import importlib
 
-        from pipeline.config import load_config
+        from core.config import load_config
 
         run_dir = rundir.resolve_run(run, say=click.echo)
         cfg = load_config(config_cls, config_file, overrides)
@@ -237,8 +237,8 @@ def missing_input(name: str, run_dir: Path) -> str | None:
 
 def recorded_data(run_dir: Path) -> str:
     """The data SPEC the run was trained on (its config.yaml), or "" before it has one."""
-    from pipeline.config import load_config
-    from stages.configs import PretrainConfig
+    from core.config import load_config
+    from train.configs import PretrainConfig
 
     path = run_dir / rundir.CONFIG
     return load_config(PretrainConfig, path).data if path.is_file() else ""
@@ -264,7 +264,7 @@ STAGE_INPUTS = ("linear-eval", "strip", "trace", "export", "validate")  # the st
 def _stage_commands():
     """linear-eval, then strip -> trace -> export -> validate -> report: each a stage reading the run directory."""
     from export.formats import describe_table
-    from stages.configs import EvalConfig, ExportConfig, StripConfig, TraceConfig, ValidateConfig
+    from train.configs import EvalConfig, ExportConfig, StripConfig, TraceConfig, ValidateConfig
     from stages.report import ReportConfig
 
     stage_command("linear-eval", EvalConfig, "stages.linear_eval",
@@ -274,7 +274,7 @@ def _stage_commands():
                   "Backbone only (no projection/prediction head, no momentum network) + preprocessing -> RUN/export/encoder.pt.")
     stage_command("trace", TraceConfig, "stages.trace",
                   "The Encoder (pixels 0..255 -> normalise -> backbone -> L2) as one graph: torch.export, else jit.trace.")
-    stage_command("export", ExportConfig, "stages.convert",
+    stage_command("export", ExportConfig, "stages.export",
                   "Core ML (.mlpackage, .mlmodel) and ONNX from the trace, metadata inside, sidecar encoder.json. "
                   "Runs strip and trace first when their files are missing or stale, as make would.",
                   request=_export_request, before=_strip_and_trace_if_stale, epilog="\b\nFormats (format, --to, file, precisions, runs on, options):\n" + describe_table())
@@ -287,7 +287,7 @@ def _stage_commands():
 
 
 def _evaluation_table(stage, result: dict) -> None:
-    from stages.verdict import verdict_line
+    from train.verdict import verdict_line
 
     click.echo(stage.format_table(result))
     click.echo(verdict_line(result))
@@ -304,7 +304,7 @@ def _strip_and_trace_if_stale(run_dir: Path, cfg) -> None:
     """Strip and trace are cheap and deterministic: `pipeline export` right after `pipeline pretrain` runs them (with
     their default options) instead of stopping the user, one line each, as `make` would."""
     from stages import strip, trace
-    from stages.configs import StripConfig, TraceConfig
+    from train.configs import StripConfig, TraceConfig
 
     for name, stage, cfg, made in (("strip", strip, StripConfig(), "export/encoder.pt"),
                                    ("trace", trace, TraceConfig(), "export/trace.json")):
@@ -324,10 +324,10 @@ def doctor():
     import importlib
     import platform
 
-    from pipeline.device import device_report, select_device
+    from core.device import device_report, select_device
 
     click.echo(f"python {platform.python_version()} on {platform.system()} {platform.machine()}")
-    from export.quiet import import_coremltools
+    from core.quiet import import_coremltools
 
     for name in ("torch", "torchvision", "coremltools", "onnx", "onnxruntime"):
         try:
@@ -338,7 +338,7 @@ def doctor():
     for dev, ok, why in device_report():
         click.echo(f"device {dev:5s} {'available' if ok else 'unavailable'}{': ' + why if why else ''}")
     click.echo(f"auto picks: {select_device('auto')}")
-    from export.coreml_runtime import coreml_can_predict
+    from core.coreml_runtime import coreml_can_predict
 
     ok, why = coreml_can_predict()
     click.echo(f"Core ML predict: {'yes' if ok else 'no'}{': ' + why if why else ''}")
@@ -350,7 +350,7 @@ def doctor():
 def show(run):
     """Print a run's results from its files: the verdict, the evaluation table and the parity table (what `make all`
     ends with)."""
-    from stages import provenance
+    from core import provenance
     from stages.report import LINEAR, PARITY
 
     run_dir = rundir.resolve_run(run, say=click.echo)
@@ -361,7 +361,7 @@ def show(run):
                             f"`{command_for(first, run_dir)}` (or `make all` for every stage)")
     provenance.check_results(run_dir)  # never a result of an earlier checkpoint beside the current one
     from stages import linear_eval, validate
-    from stages.verdict import verdict_line
+    from train.verdict import verdict_line
 
     if evaluated.is_file():
         result = rundir.load_json(evaluated, "linear-eval result")
@@ -419,8 +419,8 @@ def serve(host, port, root, allow_remote, allow_data, max_upload_mb, max_unzippe
     """Training jobs over HTTP and a web page: upload a zip of images, pick a method, watch it train, download the
     validated Core ML / ONNX model. Each job runs pretrain -> linear-eval -> strip -> trace -> export -> validate
     as child processes in ROOT/<job id>/."""
-    from stages.serve.app import serve as run_server
-    from stages.serve.uploads import ZipCaps
+    from pipeline.serve.app import serve as run_server
+    from pipeline.serve.uploads import ZipCaps
 
     run_server(host, port, Path(root), allow_remote=allow_remote, allow_data=tuple(allow_data),
                max_upload=max_upload_mb << 20, caps=ZipCaps(max_total=max_unzipped_mb << 20), say=click.echo)

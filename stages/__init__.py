@@ -1,1 +1,2 @@
-"""One module per stage, plus what pretraining needs (data, augmentation, backbones, SSL methods)."""
+"""One module per stage, each reading and writing the run directory; stages stand on train/, export/ and core/,
+never on each other."""

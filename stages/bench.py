@@ -30,13 +30,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pipeline.device import select_device
-from pipeline.errors import PipelineError
-from stages import augment, distributed, preprocess
-from stages.configs import BenchConfig, PretrainConfig
-from stages.data import store_size_for
-from stages.runspec import resolve, validate
-from stages.training import augment_mode, build_training, default_workers, keep_on_device, train_step, view_batches
+from core.device import select_device
+from core.errors import PipelineError
+from train import augment, distributed, preprocess
+from train.configs import BenchConfig, PretrainConfig
+from train.data import store_size_for
+from train.runspec import resolve, validate
+from train.training import augment_mode, build_training, default_workers, keep_on_device, train_step, view_batches
 
 
 def _sync(device: torch.device) -> None:
@@ -156,7 +156,7 @@ class Plan:
 def plan(cfg: BenchConfig, device: torch.device, world: int) -> Plan:
     gpu = device.type != "cpu"
     # The stored side of the data the noise stands in for: CIFAR-like arrays up to 64 px, ImageNet-like folders
-    # above (decoded at 8/7 of the crop); the rule every reader of a run's images uses (stages/data.py).
+    # above (decoded at 8/7 of the crop); the rule every reader of a run's images uses (train/data.py).
     like = "cifar10:" if cfg.image_size <= 64 else "folder:"
     p = Plan(batch=cfg.batch_size if cfg.batch_size is not None else (512 if gpu else 8),
              warmup=cfg.warmup if cfg.warmup is not None else (10 if gpu else 1),
@@ -202,7 +202,7 @@ def measure(cfg: BenchConfig, device: torch.device) -> dict:
     p = plan(cfg, device, world)
     pcfg = pretrain_config(cfg, p)
     torch.manual_seed(cfg.seed)
-    if cfg.preprocess:  # per-image preprocessing alone (stages/preprocess.py), no training
+    if cfg.preprocess:  # per-image preprocessing alone (train/preprocess.py), no training
         return time_per_image(cfg.preprocess, cfg.method, cfg.image_size, p.store, p.batch * p.steps, p.windows,
                               p.warmup, cfg.seed)
     mode = augment_mode(cfg.augment, device)
@@ -333,7 +333,7 @@ def _median_ms(fn, items: list, windows: int, warmup: int) -> float:
 
 def time_per_image(choice: str, method: str, size: int, store_size: int, images: int, windows: int, warmup: int,
                    seed: int, cache_root=None) -> dict:
-    """ms per image of each op of preprocessing backend `choice` (stages/preprocess.py) on random images and
+    """ms per image of each op of preprocessing backend `choice` (train/preprocess.py) on random images and
     parameters (SimCLR's widest jitter), and of the two views a training item costs (TwoViewDataset with
     `method`'s recipes, crop and hue included)."""
     name, why = preprocess.resolve_backend(choice)

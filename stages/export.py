@@ -19,11 +19,11 @@ from export.formats import FORMATS, OPTION_NAMES, minimum_os, select_formats
 from export.targets import ipados
 from export.metadata import build_metadata
 from export.traced import example_input, load_traced
-from pipeline import rundir
-from pipeline.rundir import SIDECAR, artifact_digest, encoder_path
-from pipeline.errors import PipelineError
-from stages import provenance
-from stages.configs import ExportConfig
+from core import rundir
+from core.rundir import SIDECAR, artifact_digest, encoder_path
+from core.errors import PipelineError
+from core import provenance
+from train.configs import ExportConfig
 
 
 

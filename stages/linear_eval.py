@@ -8,7 +8,7 @@ names with a suffix for that SPEC). The ways an SSL number gets inflated are clo
 - model selection on val: `choose_c` receives only the train split; val is touched once, by the final model.
 - a "random" baseline that is secretly trained or ImageNet-pretrained: it is rebuilt exactly as pretraining
   started (seed, then build_model; torchvision weights=None) and its weight hash is recorded beside the trained one.
-- fp16 or augmented evaluation: stages.features extracts in fp32, eval mode, center view only.
+- fp16 or augmented evaluation: train.features extracts in fp32, eval mode, center view only.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline import rundir
-from pipeline.device import select_device
-from pipeline.errors import PipelineError
-from stages import provenance
-from stages.configs import EvalConfig, PretrainConfig
-from stages.data import ImageData, load_data, make_split, parse_spec
-from stages.features import extract_features
-from stages.knn import knn_scores, topk_accuracy
-from stages.runspec import build_model, read_run, read_split, recorded_split, seed_everything, store_size_for
+from core import rundir
+from core.device import select_device
+from core.errors import PipelineError
+from core import provenance
+from train.configs import EvalConfig, PretrainConfig
+from train.data import ImageData, load_data, make_split, parse_spec
+from train.features import extract_features
+from train.knn import knn_scores, topk_accuracy
+from train.runspec import build_model, read_run, read_split, recorded_split, seed_everything, store_size_for
 
 # Inverse L2 strengths on standardised features, a decade apart from strong to weak regularisation: five fits are
 # cheap next to feature extraction, and a finer grid would mostly fit the noise of a small held-out part.
@@ -371,7 +371,7 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
     selection = result.pop("linear_selection")
     del result["knn_k_used"], result["majority_k_used"]  # the protocol records them
     out = {**result, "num_train": len(train_y), "num_val": len(val_y), "num_classes": num_classes}
-    # what tells a probe that cannot be read (stages/verdict.py): a kNN k above a class's size, a score at chance
+    # what tells a probe that cannot be read (train/verdict.py): a kNN k above a class's size, a score at chance
     out["train_per_class"] = dict(zip(data.classes, np.bincount(train_y, minlength=num_classes).tolist()))
     out["chance_top1"] = float(np.bincount(val_y, minlength=num_classes).max() / len(val_y))  # the best constant guess
     out["protocol"] = {

@@ -7,7 +7,7 @@ deleted first: runspec.check_out, rundir.remove_run). SIGINT or SIGTERM stops tr
 writes last.pt at that step and returns, so `--resume` goes on exactly where it stopped (training.StopRequest).
 
 Several processes (torchrun, or `pipeline pretrain --gpus N`): batch_size is the global batch, each rank trains on
-its share of every step's images (stages/distributed.py), gradients are averaged from one flat buffer after the
+its share of every step's images (train/distributed.py), gradients are averaged from one flat buffer after the
 (CUDA-graphed) backward (DDP only with SyncBN), and rank 0 alone writes.
 """
 
@@ -26,25 +26,25 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from pipeline import __version__, rundir
-from pipeline.config import to_dict
-from pipeline.device import precision_for, select_device
-from pipeline.errors import PipelineError
-from stages import distributed, preprocess, provenance, recipes
-from stages.backbones import uses_small_stem
-from stages.configs import PretrainConfig
-from stages.data import ImageData, load_data, make_split
-from stages.data_spec import files, named
-from stages.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, store_size_for, validate
-from stages.training import (StopRequest, Training, augment_mode, build_training, default_workers, fp32_backbone,
-                             keep_on_device, rng_state, set_rng_state, train_step, view_batches)
-from stages.views import MEAN, STD
+from core import __version__, rundir
+from core.config import to_dict
+from core.device import precision_for, select_device
+from core.errors import PipelineError
+from train import distributed, preprocess, recipes
+from core import provenance
+from train.backbones import uses_small_stem
+from train.configs import PretrainConfig
+from train.data import ImageData, load_data, make_split
+from train.data_spec import files, named
+from train.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, store_size_for, validate
+from train.training import (StopRequest, Training, augment_mode, build_training, default_workers, fp32_backbone, keep_on_device, rng_state, set_rng_state, train_step, view_batches)
+from core.views import MEAN, STD
 
 
 @dataclass
 class Checkpoints:
     """checkpoints/*.pt of this run: everything a resumed run needs to continue exactly, under the keys in
-    pipeline/rundir.py (strip and linear-eval read the same keys). Rank 0 alone writes."""
+    core/rundir.py (strip and linear-eval read the same keys). Rank 0 alone writes."""
 
     run_dir: Path
     cfg: PretrainConfig
@@ -149,7 +149,7 @@ class Run:
     split: dict
     train_images: torch.Tensor
     mode: str  # where views are made (training.augment_mode)
-    pre: object  # the CPU path's pixel backend (stages/preprocess.py)
+    pre: object  # the CPU path's pixel backend (train/preprocess.py)
     pre_note: str
     training: Training
     checkpoints: Checkpoints
@@ -244,7 +244,7 @@ class LossLog:
 
 def epoch_end(r: Run, step: int, stop_at: int, knn: dict, stopping: bool = False) -> None:
     """After each epoch's steps, and where a signal stopped training: last.pt when due (always at the end and at a
-    stop), epoch_NNNN.pt every save_every epochs, and the online kNN monitor (stages/knn.py: val queries against
+    stop), epoch_NNNN.pt every save_every epochs, and the online kNN monitor (train/knn.py: val queries against
     the train bank, eval mode, fp32, no RNG drawn). The epoch's own hooks run at an epoch end only, whichever of
     the two it is, so a stopped and resumed run writes what an uninterrupted one writes."""
     cfg, spe = r.cfg, r.steps_per_epoch
@@ -255,7 +255,7 @@ def epoch_end(r: Run, step: int, stop_at: int, knn: dict, stopping: bool = False
         r.checkpoints.save(r.run_dir / rundir.CHECKPOINTS / f"epoch_{epochs_done:04d}.pt", step, epochs_done)
     if r.checkpoints.main and cfg.knn_every > 0 and step % spe == 0 and epochs_done % cfg.knn_every == 0:
         if "monitor" not in knn:  # built at the first monitored epoch
-            from stages.knn import make_monitor
+            from train.knn import make_monitor
             knn["monitor"] = make_monitor(r.data, r.split, cfg.image_size, r.device, r.say) or (lambda backbone: None)
         top1 = knn["monitor"](fp32_backbone(r.training))
         if top1 is not None:

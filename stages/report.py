@@ -2,7 +2,7 @@
 
 Reads only the run directory (config.yaml, split.json, metrics.jsonl, checkpoints/last.pt for the device and wall
 time in its meta, eval/linear.json and the features linear-eval cached beside it, export/encoder.json,
-validate/parity.json) and the run's own images through stages.data. A stage whose files are missing gets one line,
+validate/parity.json) and the run's own images through train.data. A stage whose files are missing gets one line,
 "not run yet: `pipeline ...`", in place of its section; the page is written whatever is missing.
 
 The page is HTML with inline CSS and every picture an inline PNG (a data: URI): no JavaScript, no file or network
@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from export.formats import minimum_os
 from export.targets import ipados
-from pipeline import rundir
-from pipeline.rundir import SIDECAR
-from pipeline.config import opt
-from pipeline.errors import PipelineError
-from stages import provenance, verdict
+from core import rundir
+from core.rundir import SIDECAR
+from core.config import opt
+from core.errors import PipelineError
+from core import provenance
+from train import verdict
 
 # numpy, torch, sklearn and matplotlib are imported where used: `pipeline --help` imports this module for
 # ReportConfig's flags and should stay instant.
@@ -201,9 +202,9 @@ class Run:
         return self._once("features", read)
 
     def data(self):
-        """The run's labelled images (stages.data), checked against split.json's sources."""
-        from stages.data import load_data
-        from stages.runspec import read_run, recorded_split, store_size_for
+        """The run's labelled images (train.data), checked against split.json's sources."""
+        from train.data import load_data
+        from train.runspec import read_run, recorded_split, store_size_for
 
         def read():
             self.config(), self.split()  # a missing config.yaml or split.json says which command makes it
@@ -218,7 +219,7 @@ class Run:
         """Images at the model's view (center crop at image_size, as evaluation and validate see them), N x S x S x 3."""
         import torch
 
-        from stages.augment import center_views
+        from train.augment import center_views
 
         data, size = self.data(), self.config()["values"]["image_size"]
         v = center_views(data.images[torch.as_tensor(list(indices), dtype=torch.long)], size)
@@ -522,7 +523,7 @@ def worst_images(run: Run, p: dict) -> str:
                 if data.labels is not None:
                     label = f", class {data.classes[int(data.labels[split['val'][pos]])]}"
             else:
-                from stages.data import decode_image
+                from train.data import decode_image
 
                 pics.append((decode_image(Path(source), size), f"model input, {size}×{size}"))
             if Path(source).is_file():
@@ -657,7 +658,7 @@ def validate(cfg: ReportConfig) -> None:
 
 
 def verdict_paragraph(run: Run) -> str:
-    """The page's first line: what the evaluation found (stages/verdict.py), the same line `pipeline show` prints."""
+    """The page's first line: what the evaluation found (train/verdict.py), the same line `pipeline show` prints."""
     try:
         return f'<p class="verdict">{esc(verdict.verdict_line(run.linear()))}</p>'
     except NotRun as e:

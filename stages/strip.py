@@ -16,14 +16,14 @@ from pathlib import Path
 
 import torch
 
-from pipeline import __version__, rundir
-from pipeline.errors import PipelineError
-from pipeline.rundir import encoder_path
-from stages import provenance
-from stages.backbones import backbone_args, build_from_args, check_image_size, uses_small_stem
-from stages.configs import PretrainConfig, StripConfig
-from stages.runspec import build_model, read_run
-from stages.views import MEAN, STD
+from core import __version__, rundir
+from core.errors import PipelineError
+from core.rundir import encoder_path
+from core import provenance
+from train.backbones import backbone_args, build_from_args, check_image_size, uses_small_stem
+from train.configs import PretrainConfig, StripConfig
+from train.runspec import build_model, read_run
+from core.views import MEAN, STD
 
 def run_backbone_args(cfg: PretrainConfig) -> dict:
     return backbone_args(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size), cfg.image_size)
@@ -47,7 +47,7 @@ def _load_strict(model: torch.nn.Module, weights: dict, ckpt_path: Path, cfg: Pr
 
 def strip_projection_head(model: torch.nn.Module, cfg: PretrainConfig) -> tuple[dict, dict]:
     """(backbone state, what was dropped). Heads, predictors, momentum networks and queues all live outside
-    `model.backbone` (see stages/methods), so the backbone's own state dict is exactly what ships."""
+    `model.backbone` (see train/methods), so the backbone's own state dict is exactly what ships."""
     full = model.state_dict()
     kept = {k: v.detach().clone() for k, v in model.backbone.state_dict().items()}
     reference, _ = build_from_args(cfg.backbone, run_backbone_args(cfg))
@@ -81,7 +81,7 @@ def prove_strip(model: torch.nn.Module, kept: dict, cfg: PretrainConfig, feat_di
 
 def stale_reason(run_dir: Path) -> str | None:
     """Why export/encoder.pt must be (re)made before exporting, or None: missing, or stripped from another
-    checkpoint than checkpoints/last.pt (stages/provenance.py)."""
+    checkpoint than checkpoints/last.pt (core/provenance.py)."""
     out = encoder_path(run_dir)
     if not out.is_file():
         return f"no {out}"

@@ -34,11 +34,11 @@ from PIL import Image
 
 from export import parity
 from export.encoder import load_encoder
-from pipeline import __version__, rundir
-from pipeline.config import opt
-from pipeline.errors import PipelineError
-from stages.data import decode_image, load_data
-from stages.knn import MAJORITY_K, TEMPERATURE, WEIGHTED_K, knn_scores
+from core import __version__, rundir
+from core.config import opt
+from core.errors import PipelineError
+from train.data import decode_image, load_data
+from train.knn import MAJORITY_K, TEMPERATURE, WEIGHTED_K, knn_scores
 
 FIXTURES_DIR = Path(__file__).resolve().parents[1] / "swift_demo" / "Tests" / "EmbeddingKitTests" / "Fixtures"
 FORMAT_VERSION = 1  # EmbeddingKit's FixtureSet refuses another version
@@ -275,7 +275,7 @@ def run(cfg: SwiftFixturesConfig, run_dir: Path, say=print) -> Path:
     manifest = {
         "format_version": FORMAT_VERSION, "generator": f"pipeline swift-fixtures {__version__}",
         "run_id": sidecar.get("run_id"), "image_size": size, "embedding_dim": int(bank.shape[1]),
-        "encoder_sha256": encoder_sha, "classes": classes, "crop": "ImageOps.fit BICUBIC (stages/data.py decode_image)",
+        "encoder_sha256": encoder_sha, "classes": classes, "crop": "ImageOps.fit BICUBIC (train/data.py decode_image)",
         "pillow_version": PIL.__version__,  # Pillow 13 changed the resample's pass order for tall images
         "bank": [{"id": j, "source": data.sources[i], "label": int(labels[i])} for j, i in enumerate(bank_idx)],
         "queries": cases,
@@ -329,7 +329,7 @@ def stale_reasons(folder: Path = FIXTURES_DIR) -> list[str]:
     exp = expectations(bank, [b["label"] for b in m["bank"]], queries, len(m["classes"]), m["expected"]["centroid_threshold"])
     for key in ("weighted_k", "temperature", "majority_k"):
         if exp[key] != m["expected"][key]:
-            reasons.append(f"{key}: stages/knn.py now uses {exp[key]}, the fixtures {m['expected'][key]}")
+            reasons.append(f"{key}: train/knn.py now uses {exp[key]}, the fixtures {m['expected'][key]}")
     for i, (got, want) in enumerate(zip(exp["queries"], m["expected"]["queries"])):
         if not _close(got, want):
             reasons.append(f"query {i}: kNN / majority / centroid / top-{TOP_N} expectations changed")

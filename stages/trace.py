@@ -20,11 +20,11 @@ import torch
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME, load_encoder
 from export.traced import FILES, TRACE_INFO, example_input
-from pipeline import rundir
-from pipeline.rundir import encoder_path, file_sha256
-from pipeline.errors import PipelineError
-from stages import provenance
-from stages.configs import TraceConfig
+from core import rundir
+from core.rundir import encoder_path, file_sha256
+from core.errors import PipelineError
+from core import provenance
+from train.configs import TraceConfig
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()

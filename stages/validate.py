@@ -26,12 +26,12 @@ import torch
 from export import parity
 from export.encoder import OUTPUT_NAME, load_encoder
 from export.formats import COREML_FORMATS
-from pipeline import rundir
-from pipeline.rundir import SIDECAR, artifact_digest, encoder_path, file_sha256
-from pipeline.config import to_dict
-from pipeline.errors import PipelineError
-from stages import provenance
-from stages.configs import ValidateConfig
+from core import rundir
+from core.rundir import SIDECAR, artifact_digest, encoder_path, file_sha256
+from core.config import to_dict
+from core.errors import PipelineError
+from core import provenance
+from train.configs import ValidateConfig
 
 PARITY = "parity.json"  # in RUN/validate/
 
@@ -55,9 +55,9 @@ def check(cfg: ValidateConfig) -> None:
 
 def val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str]]:
     """The run's val split, center view at the model's side, uint8 RGB N x 3 x S x S (the first `cap`)."""
-    from stages.augment import center_views
-    from stages.data import load_data
-    from stages.runspec import read_run, recorded_split, store_size_for
+    from train.augment import center_views
+    from train.data import load_data
+    from train.runspec import read_run, recorded_split, store_size_for
 
     cfg = read_run(run_dir)
     data = load_data(cfg.data, store_size_for(cfg), seed=cfg.seed)
@@ -71,9 +71,9 @@ def val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[s
 def folder_images(folder: Path, size: int, cap: int, say=print) -> tuple[torch.Tensor, list[str]]:
     """Every readable image under `folder` (sorted, recursive), decoded to size x size RGB like a photo: EXIF
     orientation applied, shorter side resized, center-cropped. Unreadable files are skipped and counted."""
-    from stages.data import decode_image
-    from stages.data_spec import files as n_files
-    from stages.data_spec import named
+    from train.data import decode_image
+    from train.data_spec import files as n_files
+    from train.data_spec import named
 
     if not folder.is_dir():
         raise PipelineError(f"--images {folder}: not a directory")
@@ -200,7 +200,7 @@ def outputs(fmt: str, path: Path, images: torch.Tensor, real_ok: bool) -> tuple[
     """([(runtime, features or the PipelineError it raised)], the precision the file computes in): the reference
     evaluator of the format, plus the real Core ML runtime where it runs. An artifact a runtime cannot run (an op
     the evaluator lacks, a model Core ML rejects) is a failed row with the reason, not the end of the report."""
-    from export.coreml_runtime import coreml_predict
+    from core.coreml_runtime import coreml_predict
 
     try:
         runtime, out, actual = RUNNERS[fmt](path, images)
@@ -240,7 +240,7 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     with torch.no_grad():  # the fp32 PyTorch reference
         ref = torch.cat([encoder(images[i: i + 64].float()) for i in range(0, len(images), 64)]).numpy()
 
-    from export.coreml_runtime import coreml_can_predict
+    from core.coreml_runtime import coreml_can_predict
 
     real_ok, real_why = coreml_can_predict() if cfg.coreml_runtime == "auto" else (False, "--coreml-runtime off")
     rows = []

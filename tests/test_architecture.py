@@ -1,7 +1,7 @@
 """The shape of the code, read from the source with `ast` (every import, also those inside functions): no stage
 imports another stage, and no import loop anywhere among the project's modules. Stages stand on libraries and
-the run directory; shared pieces have their own homes (stages/runspec.py, stages/training.py, stages/views.py,
-export/traced.py, pipeline/rundir.py)."""
+the run directory; shared pieces have their own homes (train/runspec.py, train/training.py, core/views.py,
+export/traced.py, core/rundir.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipeline", "stages", "export")
-# The stages: each a top-floor module that reads the run directory (stages/serve/ is the job service, one stage).
-STAGES = ("stages.pretrain", "stages.linear_eval", "stages.strip", "stages.trace", "stages.convert", "stages.validate",
-          "stages.bench", "stages.report", "stages.swift_fixtures", "stages.serve")
+PACKAGES = ("core", "train", "export", "stages", "pipeline")
+# The stages: each a top-floor module that reads the run directory (pipeline/serve/ is the job service, one stage).
+STAGES = ("stages.pretrain", "stages.linear_eval", "stages.strip", "stages.trace", "stages.export", "stages.validate",
+          "stages.bench", "stages.report", "stages.swift_fixtures", "pipeline.serve")
 
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
@@ -25,7 +25,7 @@ def project_modules(root: Path = ROOT) -> dict[str, Path]:
 
 
 def _target(name: str, mods: dict[str, Path]) -> str | None:
-    """The project module an imported name lives in (`stages.augment.MEAN` -> stages.augment), or None."""
+    """The project module an imported name lives in (`train.augment.MEAN` -> train.augment), or None."""
     while name and name not in mods:
         name = name.rpartition(".")[0]
     return name or None
@@ -91,10 +91,10 @@ GRAPH = import_graph(project_modules())
 def test_the_graph_holds_the_edges_it_should():
     """The parser sees module-level, in-function and `from pkg import module` imports: without these the checks
     below would pass on an empty graph."""
-    assert "stages.runspec" in GRAPH["stages.pretrain"]  # module level
-    assert "stages.knn" in GRAPH["stages.pretrain"]  # inside run()
-    assert "stages.distributed" in GRAPH["stages.training"]  # `from stages import augment, distributed`
-    assert "stages.views" in GRAPH["export.preprocess_models"]
+    assert "train.runspec" in GRAPH["stages.pretrain"]  # module level
+    assert "train.knn" in GRAPH["stages.pretrain"]  # inside run()
+    assert "train.distributed" in GRAPH["train.training"]  # `from stages import augment, distributed`
+    assert "core.views" in GRAPH["train.preprocess_models"]
     assert all(s in GRAPH or any(m.startswith(s + ".") for m in GRAPH) for s in STAGES)
 
 
@@ -108,8 +108,8 @@ def test_no_import_loop():
 
 def test_the_checks_can_fail():
     """The same functions on graphs that break the rules find what they should."""
-    assert stage_edges({"stages.convert": {"stages.trace"}, "stages.trace": set()}) == [("stages.convert", "stages.trace")]
-    assert stage_edges({"stages.serve.app": {"stages.serve.store"}}) == []  # within one stage
+    assert stage_edges({"stages.export": {"stages.trace"}, "stages.trace": set()}) == [("stages.export", "stages.trace")]
+    assert stage_edges({"pipeline.serve.app": {"pipeline.serve.store"}}) == []  # within one stage
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 

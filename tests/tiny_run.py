@@ -14,7 +14,8 @@ TINY = dict(data="synthetic:48", backbone="resnet18", image_size=16, batch_size=
 def pretrain_tiny(out: Path, resume: bool = False, say=None, **over) -> dict:
     """`pipeline pretrain` of TINY with `over` on top into `out` (resumed: `over` alone on top of the run's own
     config.yaml, as --resume reads it), quiet unless `say` is given; pretrain.run's result."""
-    from stages import pretrain, runspec
+    from stages import pretrain
+    from train import runspec
 
     cfg = runspec.config_for_run(None, over if resume else {**TINY, **over}, out, resume)
     return pretrain.run(cfg, out, resume=resume, say=say or (lambda *_: None))

@@ -8,7 +8,7 @@ sees the same views as an uninterrupted one.
 `apply_view` is the float reference (torchvision's ops on tensors). Training's per-image path makes its views with
 `uint8_view` instead: the same row of parameters applied to uint8 PIL images by Pillow's C ops, as
 torchvision does on PIL images, within a few uint8 levels of the reference and several times faster; blur is
-Pillow's box-approximated Gaussian (tests/stages/test_augment.py bounds both).
+Pillow's box-approximated Gaussian (tests/train/test_augment.py bounds both).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
-from stages.methods import METHODS
-from stages.preprocess import PIL_PREPROCESS, TORCH_PREPROCESS
-from stages.views import MEAN, STD, ViewRecipe, blur_kernel_size
+from train.methods import METHODS
+from train.preprocess import PIL_PREPROCESS, TORCH_PREPROCESS
+from core.views import MEAN, STD, ViewRecipe, blur_kernel_size
 
-# Each method's paper views, from its spec (stages/methods/*.py).
+# Each method's paper views, from its spec (train/methods/*.py).
 RECIPES: dict[str, tuple[ViewRecipe, ViewRecipe]] = {name: spec.views for name, spec in METHODS.items()}
 
 
@@ -81,7 +81,7 @@ ROW_DRAWS = 36  # the numbers sample_params(1, ...) takes from its generator: 10
 
 def sample_row(recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dict:
     """sample_params(1, recipe, src_size, g) as plain Python numbers, from the same draws of g in the same order
-    (tests/stages/test_augment.py checks they are equal): the per-image path draws one row per view, and
+    (tests/train/test_augment.py checks they are equal): the per-image path draws one row per view, and
     sample_params' ~40 small numpy calls cost as much as a 32 px view's pixels. The crop tries are tried one at a
     time (the first usually fits); math's exp and sqrt, like numpy's, are IEEE double."""
     u = g.random(ROW_DRAWS).tolist()  # PCG64: one double per 64-bit output, so one call of 36 = 36 calls of one
@@ -127,7 +127,7 @@ _SOLARIZE = [255 - v if v >= 128 else v for v in range(256)]  # x >= 0.5 -> 1 - 
 
 def uint8_view(img: torch.Tensor, row: dict, out_size: int, ops=PIL_PREPROCESS) -> torch.Tensor:
     """A sample_row applied to one uint8 3xSxS image with uint8 ops (`ops`: preprocess.PilPreprocess); returns uint8
-    3 x out x out, what (apply_view(...) * 255).round() gives within a few levels (tests/stages/test_augment.py).
+    3 x out x out, what (apply_view(...) * 255).round() gives within a few levels (tests/train/test_augment.py).
     Crop and resize by torch's uint8 antialiased bilinear kernel (the reference's filter, vectorised for uint8
     channels-last: 3x Pillow's speed), then Pillow images for the rest."""
     top, left, h, w = row["crop"]
@@ -151,7 +151,7 @@ def uint8_view(img: torch.Tensor, row: dict, out_size: int, ops=PIL_PREPROCESS) 
 def apply_view(img: torch.Tensor, p: dict[str, torch.Tensor], i: int, out_size: int,
                preprocess=TORCH_PREPROCESS) -> torch.Tensor:
     """Apply row i of `p` to one uint8 3xSxS image; returns float 3 x out x out in [0, 1] (not normalised).
-    Jitter, grayscale and blur run on the `preprocess` backend (stages/preprocess.py: torchvision, or Core ML)."""
+    Jitter, grayscale and blur run on the `preprocess` backend (train/preprocess.py: torchvision, or Core ML)."""
     top, left, h, w = (int(v) for v in p["crop"][i])
     x = TF.resized_crop(img.float() / 255.0, top, left, h, w, [out_size, out_size], antialias=True).clamp_(0, 1)
     if p["flip"][i]:
@@ -180,7 +180,7 @@ class TwoViewDataset(torch.utils.data.Dataset):
     def __init__(self, images: torch.Tensor, recipes: tuple[ViewRecipe, ViewRecipe], out_size: int, seed: int, epoch: int,
                  preprocess=PIL_PREPROCESS):
         self.images, self.recipes, self.out_size, self.seed, self.epoch = images, recipes, out_size, seed, epoch
-        self.preprocess = preprocess  # where jitter, grayscale and blur run (stages/preprocess.py)
+        self.preprocess = preprocess  # where jitter, grayscale and blur run (train/preprocess.py)
 
     def __len__(self) -> int:
         return self.images.shape[0]

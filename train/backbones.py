@@ -28,7 +28,7 @@ import torch
 import torchvision
 from torch import nn
 
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 
 SMALL_STEM_MAX_SIZE = 64  # at or below this, the ImageNet stem (stride 4 before the first stage) throws away most pixels
 VIT_PATCH = 16  # the patch of every torchvision ViT named *_16
@@ -73,7 +73,7 @@ def _convnext(ctor, small_stem: bool) -> nn.Module:
 def _vit(hidden_dim: int, heads: int, depth: int, mlp_dim: int, image_size: int, patch_size: int) -> nn.Module:
     """torchvision's VisionTransformer at these sizes; features = the final LayerNorm's class token. Attention is
     nn.MultiheadAttention called with need_weights=False, which trains through F.scaled_dot_product_attention (its
-    non-fast path; the fast path is inference only), so CUDA picks a fused kernel (tests/stages/test_backbones.py)."""
+    non-fast path; the fast path is inference only), so CUDA picks a fused kernel (tests/train/test_backbones.py)."""
     net = torchvision.models.VisionTransformer(image_size=image_size, patch_size=patch_size, num_layers=depth,
                                                num_heads=heads, hidden_dim=hidden_dim, mlp_dim=mlp_dim)
     net.heads = nn.Identity()

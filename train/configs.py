@@ -12,20 +12,20 @@ from dataclasses import dataclass
 
 from export.formats import COREML_CHOICES, TO_CHOICES
 from export.targets import ML_PROGRAM_REACH, ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS, NEURALNETWORK_TARGET, ipados
-from pipeline.config import opt
+from core.config import opt
 
-METHOD_NAMES = ("simclr", "byol", "mocov3")  # = tuple(stages.methods.METHODS)
+METHOD_NAMES = ("simclr", "byol", "mocov3")  # = tuple(train.methods.METHODS)
 BACKBONE_NAMES = ("resnet18", "resnet34", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
-                  "convnext_tiny", "vit_b_16", "vit_s_16", "vit_t_16")  # = tuple(stages.backbones.BACKBONES)
-AUGMENT_MODES = ("auto", "cpu", "device")  # where views are made (stages.augment.augment_mode)
-PREPROCESS_CHOICES = ("auto", "torch", "coreml")  # per-image preprocessing backend (stages.preprocess)
-RECIPE_CHOICES = ("auto", "small", "paper")  # hyper-parameter sets by scale (stages.recipes)
+                  "convnext_tiny", "vit_b_16", "vit_s_16", "vit_t_16")  # = tuple(train.backbones.BACKBONES)
+AUGMENT_MODES = ("auto", "cpu", "device")  # where views are made (train.augment.augment_mode)
+PREPROCESS_CHOICES = ("auto", "torch", "coreml")  # per-image preprocessing backend (train.preprocess)
+RECIPE_CHOICES = ("auto", "small", "paper")  # hyper-parameter sets by scale (train.recipes)
 
 
 
 def by_recipe(small: str, paper: str) -> str:
     """The help of an option the recipe fills when it is unset, with what each recipe sets it to. The values are
-    stages/recipes.py's (tests/pipeline/test_help.py holds them equal): importing them here would load torch."""
+    train/recipes.py's (tests/pipeline/test_help.py holds them equal): importing them here would load torch."""
     return f"None = the recipe's (--recipe): small: {small}; paper: {paper}"
 
 
@@ -37,7 +37,7 @@ MAJORITY_K = 20  # the plain vote most papers list beside the weighted one
 @dataclass
 class PretrainConfig:
     method: str = opt("simclr", "SSL method", choices=METHOD_NAMES)
-    recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD; stages/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100,000 train images, >= 30,000 steps, >= 65 px), else small. A flag or --config value always wins", choices=RECIPE_CHOICES)
+    recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD; train/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100,000 train images, >= 30,000 steps, >= 65 px), else small. A flag or --config value always wins", choices=RECIPE_CHOICES)
     data: str = opt("digits", "data SPEC: digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
     backbone: str = opt("resnet18", "torchvision network, random init, its classifier removed (ViT-S/Ti: DeiT's sizes)", choices=BACKBONE_NAMES)
     small_stem: str = opt("auto", "keep small images' pixels: ResNet 3x3 stride-1 stem without max-pool; MobileNetV3/EfficientNet first conv at stride 1; ConvNeXt 2x2 stride-2 stem; ViT patch 4 (the side a multiple of it); auto = on for images <= 64 px", choices=("auto", "on", "off"))

@@ -7,7 +7,7 @@ distributed), `synthetic:N` (generated, labelled, for tests).
 Every image is decoded once, converted to RGB correctly (EXIF rotation, alpha, CMYK, 16-bit) and stored square at
 `store_size`; augmentation and evaluation crop from that tensor. This keeps epochs free of JPEG decoding and lets
 the whole set live on the training device. A file that cannot be decoded is skipped and listed, never fatal.
-What can be checked without decoding (a missing or empty folder, no image in it) is stages/data_spec.py's, torch-free.
+What can be checked without decoding (a missing or empty folder, no image in it) is train/data_spec.py's, torch-free.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from pipeline.errors import PipelineError
-from stages.data_spec import cifar_files, cifar_root, folder_files, no_usable_images, parse_spec, synthetic_count
+from core.errors import PipelineError
+from train.data_spec import cifar_files, cifar_root, folder_files, no_usable_images, parse_spec, synthetic_count
 
 
 @dataclass
@@ -60,14 +60,14 @@ def load_data(spec: str, store_size: int, seed: int = 0) -> ImageData:
     else:
         data = _load_folder(Path(arg), store_size)
     data.spec = spec
-    if len(data) == 0:  # every file failed to decode (stages/data_spec.check_folder already refused folders without one)
+    if len(data) == 0:  # every file failed to decode (train/data_spec.check_folder already refused folders without one)
         raise no_usable_images(spec, Path(arg), data.skipped)
     return data
 
 
 def count_train_images(spec: str, val_fraction: float) -> int:
     """How many images the train split of `spec` will hold, without decoding any: what the recipe choice reads
-    (stages/recipes.py). Counts files, so an undecodable one still counts; 0 when the SPEC cannot be read yet
+    (train/recipes.py). Counts files, so an undecodable one still counts; 0 when the SPEC cannot be read yet
     (load_data then says why)."""
     kind, arg = parse_spec(spec)
     if kind in ("cifar10", "cifar100"):

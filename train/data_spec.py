@@ -2,14 +2,14 @@
 
 Torch-free on purpose: a missing, empty or image-less folder is the most common bad input, and torch alone takes
 seconds to import, so the CLI calls `check_spec` before any stage (and torch) loads and the error comes at once,
-before a run folder exists. stages/data.py reads the same files through `folder_files` and decodes them.
+before a run folder exists. train/data.py reads the same files through `folder_files` and decodes them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 
 SPEC_KINDS = ("digits", "folder", "cifar10", "cifar100", "synthetic")
 SHOWN = 3  # skipped files a one-line message names; the rest are counted (the run folder's skipped.txt lists all)
@@ -117,7 +117,7 @@ def files(n: int) -> str:
 def check_folder(spec: str, root: Path) -> None:
     """A folder SPEC that cannot give a single image fails here: missing, a file, empty, class folders without
     files, or no file Pillow recognises. Stops at the first file that is an image, so a good folder costs one
-    header read; a truncated image is only found when decoded (stages/data.py)."""
+    header read; a truncated image is only found when decoded (train/data.py)."""
     classes, files, _, skipped = folder_files(root)
     if not files:
         what = f"its class folders ({', '.join(classes[:SHOWN])}{', ...' if len(classes) > SHOWN else ''}) hold no files" \

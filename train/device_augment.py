@@ -5,7 +5,7 @@ and applies it to every image it is given, so a batch would share one crop, one 
 learns from the variety between the two views of each image, and a shared draw removes most of it. Here row i of
 the parameters that `augment.sample_params` draws is applied to image i, as the CPU reference
 (`augment.apply_view`) does one image at a time; given the same rows the two agree to float rounding
-(tests/stages/test_device_augment.py).
+(tests/train/test_device_augment.py).
 
 How each op becomes a few whole-batch kernels (no per-image launch, no device-to-host sync):
 - crop + resize + flip: per image, one matrix per axis holding the antialiased triangle filter that
@@ -39,8 +39,8 @@ import warnings
 import numpy as np
 import torch
 
-from stages import augment
-from stages.views import HUE
+from train import augment
+from core.views import HUE
 
 # torchvision's rgb_to_grayscale weights (ITU-R 601), as the CPU path uses them.
 GRAY = (0.2989, 0.587, 0.114)

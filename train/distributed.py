@@ -20,7 +20,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 
 # torch >= 2.13 flags torch.distributed.nn.functional.all_gather as deprecated in favour of a private module
 # (torch.distributed._functional_collectives) that older torch versions the project supports lack; the public
@@ -180,7 +180,7 @@ def torchrun_command(nproc: int, args: list[str]) -> list[str]:
 def launch(nproc: int, args: list[str], device: str) -> int:
     """Run `pipeline ARGS` in nproc processes through torchrun's agent, in this process (what the torchrun command
     runs); returns the exit code. In this process, so that a Ctrl-C or SIGTERM here is torchrun's own: it passes the
-    signal on to every worker, waits for them to stop (they write their checkpoint: stages/training.StopRequest)
+    signal on to every worker, waits for them to stop (they write their checkpoint: train/training.StopRequest)
     and raises, which ends here as exit 130, where a torchrun child would print a traceback and be killed by
     subprocess.call. A worker's failure has already printed its one line; its exit code is returned."""
     if nproc < 1:

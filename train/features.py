@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.errors import PipelineError
-from stages.augment import center_views, normalize
+from core.errors import PipelineError
+from train.augment import center_views, normalize
 
 
 @torch.no_grad()

@@ -17,8 +17,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from stages.configs import MAJORITY_K, TEMPERATURE, WEIGHTED_K
-from stages.features import extract_features
+from train.configs import MAJORITY_K, TEMPERATURE, WEIGHTED_K
+from train.features import extract_features
 
 
 

@@ -21,7 +21,7 @@ class LARS(torch.optim.Optimizer):
             d = g + wd * p;  d *= eta * |p| / |d| (matrices, both norms > 0);  buf = m * buf + d;  p -= lr * buf
         written with torch's multi-tensor (_foreach) ops: a handful of kernel launches for the whole model instead
         of ~10 per parameter from Python, which on a GPU made the optimizer the host-side bottleneck of small-image
-        steps (docs/benchmarks.md). Same arithmetic in the same order as the per-parameter loop (tests/stages/test_optim.py)."""
+        steps (docs/benchmarks.md). Same arithmetic in the same order as the per-parameter loop (tests/train/test_optim.py)."""
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
@@ -71,7 +71,7 @@ def build_optimizer(name: str, groups: list[dict], lr: float, weight_decay: floa
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay)
     if name == "adamw":
-        # What ViTs train with (the recipes' ViT rule, stages/recipes.py): weight decay on every trainable parameter
+        # What ViTs train with (the recipes' ViT rule, train/recipes.py): weight decay on every trainable parameter
         # and torch's default betas, as MoCo v3's main_moco.py; a frozen patch projection is in no group at all.
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     raise ValueError(name)

@@ -1,5 +1,5 @@
 """Where the per-image pixel work of the CPU augmentation path runs: colour jitter, grayscale and
-Gaussian blur of stages/augment.apply_view.
+Gaussian blur of train/augment.apply_view.
 
 BACKENDS:
 - torch: the pixel work stays in the DataLoader worker, on uint8 images (PilPreprocess): Pillow's C ops
@@ -8,11 +8,11 @@ BACKENDS:
   float reference (each op within half a uint8 level of it on the same input) and faster. TorchPreprocess,
   torchvision's float ops on tensors, stays the reference the other backends are tested against
   (augment.apply_view).
-- coreml: the same transforms as Core ML models (export/preprocess_models.py), called per image from the Dataset's
+- coreml: the same transforms as Core ML models (train/preprocess_models.py), called per image from the Dataset's
   __getitem__, so on a Mac the Neural Engine / GPU does the pixel work and the CPU workers only crop, flip, draw
   the parameters and shift hue (an HSV round trip with no model: it stays torch, between the Core ML calls, so
   each image's random jitter order is kept). The models compute in fp16, so views differ from the torch path's
-  by fp16 rounding (bounded in tests/export/test_preprocess_models.py) and a run's losses are not the torch path's.
+  by fp16 rounding (bounded in tests/train/test_preprocess_models.py) and a run's losses are not the torch path's.
 `resolve_backend` turns --preprocess auto|torch|coreml into a backend name and the reason for it; asking for
 coreml where Core ML cannot run is a one-line error naming why.
 """
@@ -27,10 +27,10 @@ import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from scipy import ndimage
 
-from export import coreml_runtime
-from pipeline.errors import PipelineError
-from stages.configs import PREPROCESS_CHOICES as CHOICES
-from stages.views import HUE, blur_kernel_size
+from core import coreml_runtime
+from core.errors import PipelineError
+from train.configs import PREPROCESS_CHOICES as CHOICES
+from core.views import HUE, blur_kernel_size
 
 COMPUTE_UNITS = "ALL"  # Core ML places each op on the Neural Engine, GPU or CPU: the point is to spare the CPU workers
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights (ITU-R 601-2)
@@ -156,7 +156,7 @@ PIL_PREPROCESS = PilPreprocess()
 
 
 class CoreMLPreprocess:
-    """The same transforms as Core ML models for images of one side, through export.coreml_runtime.
+    """The same transforms as Core ML models for images of one side, through core.coreml_runtime.
 
     The models are built (or found in the cache) when the backend is made, in the main process, so DataLoader
     workers never race to build them. A loaded MLModel cannot be pickled into a worker, so each process loads
@@ -166,7 +166,7 @@ class CoreMLPreprocess:
     pixels = "float"
 
     def __init__(self, size: int, cache_root=None, compute_units: str = COMPUTE_UNITS):
-        from export import preprocess_models as models
+        from train import preprocess_models as models
 
         self.size, self.cache_root, self.compute_units = size, cache_root, compute_units
         self.kernel_size = blur_kernel_size(size)
@@ -178,7 +178,7 @@ class CoreMLPreprocess:
         return {**self.__dict__, "_loaded": {}}
 
     def _predict(self, key: str, x: torch.Tensor, **factors: np.ndarray) -> torch.Tensor:
-        from export.preprocess_models import INPUT, OUTPUT
+        from train.preprocess_models import INPUT, OUTPUT
 
         model = self._loaded.get(key)
         if model is None:
@@ -196,7 +196,7 @@ class CoreMLPreprocess:
                      hue: float) -> torch.Tensor:
         """Each run of consecutive brightness/contrast/saturation codes in `order` is one Core ML call (the
         model's own order input keeps their order); hue runs in torch where it falls."""
-        from export.preprocess_models import JITTER_SKIP
+        from train.preprocess_models import JITTER_SKIP
 
         self._check(x, "color_jitter")
         factors = {name: np.array([v], np.float32)

@@ -2,7 +2,7 @@
 Dataset's __getitem__ on a Mac can hand it to the Neural Engine / GPU instead of the CPU workers.
 
 Each model is written with coremltools' MIL builder from torchvision's definition of the same transform
-(`stages.preprocess.TorchPreprocess` is the reference it is tested against), for one fixed image side: the random
+(`train.preprocess.TorchPreprocess` is the reference it is tested against), for one fixed image side: the random
 draws (blur sigma, jitter factors and their order) are inputs drawn in Python, so a model is a pure function of its
 inputs. Only ops the reference evaluator (export/mil_eval.py) runs are used, so each model is checked on Linux.
 
@@ -28,8 +28,8 @@ from typing import Callable
 
 import numpy as np
 
-from pipeline.errors import PipelineError
-from stages.views import JITTER_OPS, blur_kernel_size
+from core.errors import PipelineError
+from core.views import JITTER_OPS, blur_kernel_size
 
 INPUT = "image"
 OUTPUT = "output"
@@ -42,7 +42,7 @@ CACHE_ENV = "SSL_EDGE_CACHE"  # overrides the cache root (default ~/.cache/ssl-e
 
 
 def _ct():
-    from export.quiet import import_coremltools
+    from core.quiet import import_coremltools
 
     return import_coremltools()
 
@@ -182,7 +182,7 @@ def build(name: str, path: Path | str, **dims: int) -> Path:
     except Exception as e:  # coremltools raises many types; the message names the op it could not lower
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise PipelineError(f"building preprocessing model {name} {dims} failed ({type(e).__name__}: {first})") from None
-    model.short_description = f"ssl-edge-pipeline preprocessing model {name} (export/preprocess_models.py)"
+    model.short_description = f"ssl-edge-pipeline preprocessing model {name} (train/preprocess_models.py)"
     model.user_defined_metadata.update({"preprocess_model": name, **{k: str(v) for k, v in dims.items()}})
     model.save(str(path))
     return Path(path)

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from stages import augment
-from stages.backbones import BACKBONES
-from stages.methods import METHODS
+from train import augment
+from train.backbones import BACKBONES
+from train.methods import METHODS
 
 # auto picks the papers' recipe only for a run the papers tuned it on: ImageNet-like images, sets and step counts
 # (SimCLR's shortest ImageNet schedule, 100 epochs at batch 4096, is ~31k steps). Anything smaller gets the small
@@ -29,7 +29,7 @@ from stages.methods import METHODS
 # steps (docs/recipes.md), and the CIFAR benchmarks all train small images with other settings.
 PAPER_MIN_IMAGES = 100_000  # ImageNet-100 (126k) is the smallest set solo-learn trains with the papers' LARS recipes
 PAPER_MIN_STEPS = 30_000
-PAPER_MIN_SIZE = 65  # above the CIFAR-size stem limit (stages/backbones.SMALL_STEM_MAX_SIZE = 64)
+PAPER_MIN_SIZE = 65  # above the CIFAR-size stem limit (train/backbones.SMALL_STEM_MAX_SIZE = 64)
 
 
 # Warm-up: the papers' 10 epochs (SimCLR, BYOL, MoCo v3 on ImageNet; solo-learn's CIFAR runs too), but never more
@@ -45,7 +45,7 @@ WARMUP_SHARE = 0.1
 # Self-Supervised Vision Transformers"; its code's facebookresearch/moco-v3 CONFIG.md, ViT-S and ViT-B:
 # --optimizer=adamw --lr=1.5e-4 --weight-decay=.1 --moco-t=.2 --warmup-epochs=40 of 300 --stop-grad-conv1): AdamW at
 # 1.5e-4 x batch/256 with weight decay 0.1 on every parameter (main_moco.py), and for MoCo v3 temperature 0.2 and
-# the frozen random patch projection (stages/backbones.freeze_patch_projection, applied by stages/methods/mocov3.py).
+# the frozen random patch projection (train/backbones.freeze_patch_projection, applied by train/methods/mocov3.py).
 # SimCLR and BYOL take the same optimiser settings and keep their own temperature: their papers trained no ViT, and
 # AdamW is what self-supervised ViT recipes use (MoCo v3, DINO). Not tuned by measurement on the small sets yet:
 # the paper's values as they are, in both recipes.
@@ -66,7 +66,7 @@ def warmup_epochs(epochs: int, backbone: str | None = None) -> float:
     return min(WARMUP_EPOCHS, WARMUP_SHARE * epochs)
 
 
-# Each method's two recipes live in its own file (stages/methods/*.py, its SPEC), with their sources.
+# Each method's two recipes live in its own file (train/methods/*.py, its SPEC), with their sources.
 PAPER = {name: spec.paper for name, spec in METHODS.items()}
 SMALL = {name: spec.small for name, spec in METHODS.items()}
 RECIPES = {"paper": PAPER, "small": SMALL}

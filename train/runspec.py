@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline import rundir
-from pipeline.config import load_config, to_dict
-from pipeline.errors import PipelineError
-from stages import recipes
-from stages.backbones import build_backbone, check_image_size, uses_small_stem
-from stages.configs import PretrainConfig
-from stages.data import ImageData, count_train_images
-from stages.data import store_size_for as data_store_size
-from stages.methods import METHODS
+from core import rundir
+from core.config import load_config, to_dict
+from core.errors import PipelineError
+from train import recipes
+from train.backbones import build_backbone, check_image_size, uses_small_stem
+from train.configs import PretrainConfig
+from train.data import ImageData, count_train_images
+from train.data import store_size_for as data_store_size
+from train.methods import METHODS
 
 # What must agree between config.yaml and the checkpoint's own record: the things that decide the architecture.
 ARCHITECTURE_KEYS = ("method", "backbone", "image_size", "small_stem")
@@ -39,7 +39,7 @@ def chosen_recipe(cfg: PretrainConfig) -> tuple[str, str]:
 
 
 def resolve(cfg: PretrainConfig) -> PretrainConfig:
-    """Fill every None the method uses with the chosen recipe's value (stages/recipes.py), so config.yaml records
+    """Fill every None the method uses with the chosen recipe's value (train/recipes.py), so config.yaml records
     what actually ran; `recipe` itself stays as asked (run() records the one chosen)."""
     name, _ = chosen_recipe(cfg)
     # an option the method does not use (BYOL's temperature) stays None; every method crops

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.device import precision_for
-from pipeline.errors import PipelineError
-from stages import augment, distributed
-from stages.configs import PretrainConfig
-from stages.device_augment import device_view_batches
-from stages.optim import build_optimizer, param_groups, warmup_cosine
-from stages.preprocess import PIL_PREPROCESS
-from stages.runspec import build_model, peak_lr
+from core.device import precision_for
+from core.errors import PipelineError
+from train import augment, distributed
+from train.configs import PretrainConfig
+from train.device_augment import device_view_batches
+from train.optim import build_optimizer, param_groups, warmup_cosine
+from train.preprocess import PIL_PREPROCESS
+from train.runspec import build_model, peak_lr
 
 
 def default_workers(requested: int) -> int:
@@ -183,7 +183,7 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
 
 
 def fp32_backbone(t: Training) -> torch.nn.Module:
-    """The backbone as evaluation takes it (stages/features.py computes in fp32 only): itself, or a float32 copy of
+    """The backbone as evaluation takes it (train/features.py computes in fp32 only): itself, or a float32 copy of
     an fp64 run's, so the kNN monitor neither refuses an fp64 run nor changes the weights it trains."""
     backbone = t.model.backbone
     return backbone if t.precision.param_dtype == torch.float32 else copy.deepcopy(backbone).float()
@@ -251,7 +251,7 @@ def view_batches(mode: str, images: torch.Tensor, recipes, out_size: int, batch_
                  start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
                  channels_last: bool = False, preprocess=PIL_PREPROCESS):
     """The one place training batches come from: (x1, x2) per step, by the CPU path or the device path
-    (stages/device_augment.py); mode is `augment_mode`'s answer. `preprocess` (stages/preprocess.py) serves the
+    (train/device_augment.py); mode is `augment_mode`'s answer. `preprocess` (train/preprocess.py) serves the
     CPU path only."""
     if mode == "device":
         return device_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device,

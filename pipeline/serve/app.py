@@ -1,7 +1,7 @@
 """The HTTP API and web page. Every /jobs call needs the bearer token from `<root>/token`; /health does not, nor
 do the static page and the API description (they hold no job data: the page asks for the token and sends it).
 
-A submission is checked whole before anything is written: the options by pipeline/config.py against
+A submission is checked whole before anything is written: the options by core/config.py against
 PretrainConfig's own fields (422 naming the option), the body against the size cap while it streams in (413), the
 zip entry by entry (uploads.py). Only then does the job get its folder, and only then its row in the store.
 """
@@ -27,13 +27,13 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
-from pipeline.config import load_config
-from pipeline.errors import PipelineError
-from pipeline.rundir import atomic_path
-from stages.serve import uploads
-from stages.serve.options import RECIPES, SERVER_SET, options_class, recipes
-from stages.serve.runner import RUN, Runner
-from stages.serve.store import TERMINAL, Store
+from core.config import load_config
+from core.errors import PipelineError
+from core.rundir import atomic_path
+from pipeline.serve import uploads
+from pipeline.serve.options import RECIPES, SERVER_SET, options_class, recipes
+from pipeline.serve.runner import RUN, Runner
+from pipeline.serve.store import TERMINAL, Store
 
 TOKEN_FILE = "token"
 DB_FILE = "jobs.db"
@@ -401,7 +401,7 @@ def _zip_once(folder: Path, out: Path) -> Path:
 
 
 def _new_job_id(root: Path, store: Store) -> str:
-    from stages.serve.store import new_id
+    from pipeline.serve.store import new_id
 
     while True:
         job_id = new_id()
@@ -435,7 +435,7 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
 
     import uvicorn
 
-    from stages.serve.options import probe
+    from pipeline.serve.options import probe
 
     if not is_loopback(host):
         if not allow_remote:

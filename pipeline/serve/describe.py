@@ -1,4 +1,4 @@
-"""The child `stages/serve/options.probe` starts (`python -m stages.serve.describe`): it prints what a job may ask
+"""The child `pipeline/serve/options.probe` starts (`python -m pipeline.serve.describe`): it prints what a job may ask
 for as one JSON line. Its own module, run by name and imported by no one, because it reads the CLI's command list
 and the CLI imports the server: inside options.py that would be an import loop."""
 
@@ -11,9 +11,9 @@ def describe() -> dict:
     """Runs in the child: PretrainConfig's fields, the export formats, the device `auto` picks, the commands."""
     from export.formats import TO_CHOICES
     from pipeline.cli import main
-    from pipeline.config import _base_type, _fields
-    from pipeline.device import select_device
-    from stages.configs import PretrainConfig
+    from core.config import _base_type, _fields
+    from core.device import select_device
+    from train.configs import PretrainConfig
 
     fields = []
     for name, f in _fields(PretrainConfig).items():

@@ -1,6 +1,6 @@
-"""What a job may ask for, read from the pipeline itself in a child process (`python -m stages.serve.describe`).
+"""What a job may ask for, read from the pipeline itself in a child process (`python -m pipeline.serve.describe`).
 
-The server validates a submission with pipeline/config.py against a dataclass rebuilt from PretrainConfig's fields,
+The server validates a submission with core/config.py against a dataclass rebuilt from PretrainConfig's fields,
 so an option is checked by the very code `pipeline pretrain` uses, while what the pipeline's CLI loads is loaded
 only by this short-lived child and never by the server.
 """
@@ -15,7 +15,7 @@ import sys
 import typing
 from pathlib import Path
 
-from pipeline.config import opt
+from core.config import opt
 
 PROJECT = Path(__file__).resolve().parents[2]  # the folder holding pipeline/ and stages/: the children's import root
 RECIPES = PROJECT / "configs"
@@ -32,7 +32,7 @@ def child_env() -> dict[str, str]:
 
 def probe(timeout: float = 300) -> dict:
     """Ask a child for describe(); raise RuntimeError with its last line if it fails."""
-    done = subprocess.run([sys.executable, "-m", "stages.serve.describe"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "pipeline.serve.describe"], capture_output=True, text=True,
                           env=child_env(), cwd=PROJECT, timeout=timeout)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
@@ -41,7 +41,7 @@ def probe(timeout: float = 300) -> dict:
 
 
 def options_class(described: dict):
-    """A dataclass with PretrainConfig's fields (types, choices, defaults), for pipeline.config.load_config.
+    """A dataclass with PretrainConfig's fields (types, choices, defaults), for core.config.load_config.
     It keeps `data` so a recipe file that names its data still loads; the form's `data` is the server's."""
     spec = []
     for f in described["fields"]:

@@ -22,9 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.config import as_flags
-from stages.serve.options import RECIPES, child_env
-from stages.serve.store import Store
+from core.config import as_flags
+from pipeline.serve.options import RECIPES, child_env
+from pipeline.serve.store import Store
 
 CHAIN = ("pretrain", "linear-eval", "strip", "trace", "export", "validate", "report")
 RUN = "run"  # the pipeline run directory inside a job's folder

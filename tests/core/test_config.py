@@ -5,9 +5,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from pipeline.config import as_flags, load_config, options_from, opt
-from pipeline.errors import PipelineError
-from stages.configs import PretrainConfig
+from core.config import as_flags, load_config, options_from, opt
+from core.errors import PipelineError
+from train.configs import PretrainConfig
 
 
 @dataclass
@@ -57,7 +57,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # not the working dir
 def test_shipped_configs_load():
     """Every recipe in configs/ loads, resolves and passes the checks `pipeline pretrain` makes, and trains the
     method its name says."""
-    from stages.runspec import config_for_run
+    from train.runspec import config_for_run
 
     files = sorted(CONFIGS.glob("*.yaml"))
     assert {f.stem for f in files} >= {"default", "simclr", "byol", "byol-small", "mocov3"}

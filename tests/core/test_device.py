@@ -6,8 +6,8 @@ from unittest import mock
 import pytest
 import torch
 
-from pipeline import device
-from pipeline.errors import PipelineError
+from core import device
+from core.errors import PipelineError
 
 
 def _mps(built, available):

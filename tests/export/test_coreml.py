@@ -11,9 +11,9 @@ import torch
 
 from export.coreml import program_ops
 from export.metadata import as_strings
-from pipeline import __version__, rundir
-from stages.convert import ExportConfig, SIDECAR, artifact_digest
-from stages.convert import run as export
+from core import __version__, rundir
+from stages.export import ExportConfig, SIDECAR, artifact_digest
+from stages.export import run as export
 from stages.strip import StripConfig
 from stages.strip import run as strip
 from stages.trace import TraceConfig

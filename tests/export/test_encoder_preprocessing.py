@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from export.encoder import Encoder, load_encoder
-from pipeline import rundir
-from stages import augment, strip
-from stages.backbones import build_backbone
+from core import rundir
+from train import augment
+from stages import strip
+from train.backbones import build_backbone
 from tests.tiny_run import pretrain_tiny
 
 IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
@@ -112,7 +113,7 @@ def test_encoder_defaults_to_l2_and_keeps_a_zero_feature_finite():
 
 
 def test_load_encoder_bad_files_are_one_line_errors(tmp_path):
-    from pipeline.errors import PipelineError
+    from core.errors import PipelineError
 
     with pytest.raises(PipelineError, match="no stripped encoder at .*nope.pt: run `pipeline strip` first"):
         load_encoder(tmp_path / "nope.pt")
@@ -133,7 +134,7 @@ def test_load_encoder_bad_files_are_one_line_errors(tmp_path):
 
 
 def test_load_encoder_needs_both_keys_and_passes_the_l2_choice_on(tmp_path):
-    from pipeline.errors import PipelineError
+    from core.errors import PipelineError
 
     torch.save({"backbone": "resnet18"}, tmp_path / "half.pt")
     with pytest.raises(PipelineError, match="half.pt is not an encoder written by `pipeline strip`"):

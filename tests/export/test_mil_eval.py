@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from export import mil_eval
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 
 ct = pytest.importorskip("coremltools")
 from coremltools.converters.mil import Builder as mb  # noqa: E402

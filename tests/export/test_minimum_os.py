@@ -10,7 +10,7 @@ from pathlib import Path
 from export import coreml, formats, targets
 from export.formats import select_formats
 from export.targets import ML_PROGRAM_TARGET, NEURALNETWORK_TARGET, ipados
-from pipeline import rundir
+from core import rundir
 from stages import report
 from stages.report import ReportConfig
 from tests.cli_helpers import cli

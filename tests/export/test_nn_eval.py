@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from export import nn_eval
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 from tests.export.test_mil_eval import CASES, _image_program, case_inputs, convert, reference
 
 ct = pytest.importorskip("coremltools")

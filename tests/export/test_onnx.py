@@ -14,9 +14,9 @@ import torch
 
 from export.encoder import load_encoder
 from export.metadata import as_strings
-from pipeline import rundir
-from stages.convert import ExportConfig
-from stages.convert import run as export
+from core import rundir
+from stages.export import ExportConfig
+from stages.export import run as export
 from stages.strip import StripConfig, encoder_path
 from stages.strip import run as strip
 from export.traced import load_traced

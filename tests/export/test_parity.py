@@ -8,9 +8,9 @@ import torch
 
 from export import parity
 from export.encoder import Encoder
-from stages.augment import MEAN, STD
-from stages.backbones import build_backbone
-from stages.data import make_synthetic
+from train.augment import MEAN, STD
+from train.backbones import build_backbone
+from train.data import make_synthetic
 
 GATES = dict(fp32_max_abs=1e-4, fp32_min_cosine=0.99999, fp16_max_rel_l2=1e-2, fp16_min_topk=0.95)
 

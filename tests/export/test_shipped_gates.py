@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from export import parity
-from pipeline.config import load_config
+from core.config import load_config
 from stages import validate
 
 
@@ -132,7 +132,7 @@ def test_which_gates_an_artifact_gets(fmt, declared, actual, runtime, expected):
     ({"fp16_min_topk": -0.5}, "--fp32-min-cosine and --fp16-min-topk must be in [0, 1]"),
 ])
 def test_impossible_gates_are_refused(over, needle):
-    from pipeline.errors import PipelineError
+    from core.errors import PipelineError
 
     with pytest.raises(PipelineError) as err:
         validate.check(load_config(validate.ValidateConfig, None, over))

@@ -93,7 +93,7 @@ def test_export_right_after_pretrain_strips_traces_and_prints_only_its_own_lines
 def test_coreml_conversion_bars_are_off_inside_and_restored_after():
     import tqdm
 
-    from export.quiet import CONVERSION_BARS, conversion_bars_off, import_coremltools
+    from core.quiet import CONVERSION_BARS, conversion_bars_off, import_coremltools
 
     import_coremltools()
     import importlib

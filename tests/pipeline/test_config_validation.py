@@ -3,8 +3,8 @@ or a flag, before anything is written (`lr: -3` used to train, ascending the los
 
 import pytest
 
-from pipeline.errors import PipelineError
-from stages.runspec import config_for_run
+from core.errors import PipelineError
+from train.runspec import config_for_run
 from tests.cli_helpers import assert_one_line_error, cli
 
 

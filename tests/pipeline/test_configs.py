@@ -4,13 +4,13 @@ mirror the registries they stand for."""
 import subprocess
 import sys
 
-from stages import configs
+from train import configs
 
 
 def test_name_tuples_equal_the_registries():
-    from stages.backbones import BACKBONES
-    from stages.methods import METHODS
-    from stages.preprocess import CHOICES
+    from train.backbones import BACKBONES
+    from train.methods import METHODS
+    from train.preprocess import CHOICES
 
     assert configs.METHOD_NAMES == tuple(METHODS)
     assert configs.BACKBONE_NAMES == tuple(BACKBONES)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import rundir
+from core import rundir
 from tests.cli_helpers import assert_one_line_error, cli
 from tests.tiny_run import TINY, pretrain_tiny
 
@@ -68,7 +68,7 @@ def test_a_full_disk_while_resuming_keeps_the_last_checkpoint_whole(tmp_path):
 
 
 def test_a_small_atomic_write_on_a_full_disk_names_the_file(tmp_path):
-    code = ("import sys; from pipeline import rundir; from pipeline.errors import PipelineError\n"
+    code = ("import sys; from core import rundir; from core.errors import PipelineError\n"
             "try: rundir.write_text_atomic(sys.argv[1], 'x' * 30_000_000)\n"
             "except PipelineError as e: print(e); sys.exit(2)")
     target = tmp_path / "big.txt"

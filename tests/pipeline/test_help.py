@@ -1,5 +1,5 @@
 """The help says what an unset option becomes: every option the recipe fills names each recipe's value, and those
-values are stages/recipes.py's (configs.py types them because importing the recipes would load torch)."""
+values are train/recipes.py's (configs.py types them because importing the recipes would load torch)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from pipeline.config import _fields
-from stages import recipes
-from stages.configs import PretrainConfig
+from core.config import _fields
+from train import recipes
+from train.configs import PretrainConfig
 from tests.cli_helpers import cli
 
 VIEW_KEYS = ("crop_min_scale", "solarize_p")

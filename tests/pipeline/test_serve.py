@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from stages.serve import uploads  # noqa: E402
-from stages.serve.app import create_app  # noqa: E402
-from stages.serve.describe import describe  # noqa: E402
-from stages.serve.store import Store  # noqa: E402
+from pipeline.serve import uploads  # noqa: E402
+from pipeline.serve.app import create_app  # noqa: E402
+from pipeline.serve.describe import describe  # noqa: E402
+from pipeline.serve.store import Store  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_token_file_is_owner_only_and_kept_across_starts(tmp_path, described):
 def test_binding_beyond_loopback_needs_the_flag_and_one_root_has_one_server(tmp_path):
     import fcntl
 
-    from stages.serve.app import is_loopback
+    from pipeline.serve.app import is_loopback
     from tests.cli_helpers import assert_one_line_error, cli
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
@@ -111,7 +111,7 @@ def test_binding_beyond_loopback_needs_the_flag_and_one_root_has_one_server(tmp_
         assert_one_line_error(cli("serve", "--root", root), "another `pipeline serve`")
 
 
-# --- options, validated by pipeline/config.py against PretrainConfig's fields
+# --- options, validated by core/config.py against PretrainConfig's fields
 
 @pytest.mark.parametrize("fields, named", [
     ({"epochz": "3"}, "epochz"),
@@ -314,15 +314,15 @@ def test_the_server_code_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, stages.serve.app, stages.serve.runner; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    code = "import sys, pipeline.serve.app, pipeline.serve.runner; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"  # the jobs run in child processes; the server stays small and starts fast
 
 
 def test_the_chain_each_job_runs(tmp_path):
-    from stages.serve.options import RECIPES
-    from stages.serve.runner import chain
+    from pipeline.serve.options import RECIPES
+    from pipeline.serve.runner import chain
 
     job = {"recipe": "byol-small", "options": {"epochs": 3, "compile": False, "device": "cpu"}, "data": "folder:/x y",
            "labelled": True, "formats": "onnx"}
@@ -364,7 +364,7 @@ def test_a_child_left_by_a_killed_server_is_stopped_before_its_job_resumes(tmp_p
     import subprocess
     import sys
 
-    from stages.serve.runner import kill_orphan
+    from pipeline.serve.runner import kill_orphan
 
     run = tmp_path / "job" / "run"
     sleeper = "import time; time.sleep(120)"

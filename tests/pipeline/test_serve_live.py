@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from stages import runspec
-from stages.serve.store import Store
+from train import runspec
+from pipeline.serve.store import Store
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline import rundir
-from stages import recipes, training
-from stages.configs import BACKBONE_NAMES, PretrainConfig
-from stages.methods import METHODS
-from stages.methods.heads import ema_update
-from stages.runspec import resolve
+from core import rundir
+from train import recipes, training
+from train.configs import BACKBONE_NAMES, PretrainConfig
+from train.methods import METHODS
+from train.heads import ema_update
+from train.runspec import resolve
 
 SMALL = dict(image_size=16, batch_size=4)  # 16 px: every backbone's small stem takes it (a ViT: 4x4 patches)
 COMBOS = ([(b, m) for b in ("mobilenet_v3_small", "vit_t_16") for m in METHODS]
@@ -118,8 +118,8 @@ def test_the_job_service_takes_every_backbone(tmp_path):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from stages.serve.app import create_app
-    from stages.serve.describe import describe
+    from pipeline.serve.app import create_app
+    from pipeline.serve.describe import describe
 
     described = describe()
     field = next(f for f in described["fields"] if f["name"] == "backbone")

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline import cli
-from stages import distributed
+from train import distributed
 
 TINY = ["--device", "cpu", "--image-size", "16", "--batch-size", "8", "--warmup", "1", "--windows", "2",
         "--window-steps", "1"]
@@ -42,7 +42,7 @@ def test_gpus_hands_the_same_options_to_torchrun(monkeypatch, tmp_path):
     assert seen["n"] == 2 and seen["device"] == "cpu"
     args = seen["args"]
     assert args[0] == "pretrain" and "--gpus" not in args
-    assert "--batch-size=16" in args and "--compile" in args and "--no-sync-bn" in args  # pipeline.config.as_flags
+    assert "--batch-size=16" in args and "--compile" in args and "--no-sync-bn" in args  # core.config.as_flags
     assert args[args.index("--out") + 1] == str(tmp_path / "r")
     cmd = distributed.torchrun_command(2, args)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"] and cmd[5:8] == ["-m", "pipeline", "pretrain"]

@@ -15,10 +15,10 @@ import torch
 
 from export.formats import FORMATS, select_formats
 from export.metadata import linear_eval_scores
-from pipeline import rundir
-from pipeline.errors import PipelineError
-from stages import convert
-from stages.convert import SIDECAR, artifact_digest
+from core import rundir
+from core.errors import PipelineError
+from stages import export as convert
+from stages.export import SIDECAR, artifact_digest
 from stages.strip import StripConfig, encoder_path
 from stages.strip import run as strip
 from stages.trace import file_sha256

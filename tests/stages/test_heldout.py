@@ -22,12 +22,13 @@ import pytest
 import torch
 import yaml
 
-from pipeline import rundir
-from pipeline.config import load_config, to_dict
-from stages import knn, linear_eval as le
-from stages.augment import center_views
-from stages.configs import EvalConfig, PretrainConfig
-from stages.data import load_data, make_split
+from core import rundir
+from core.config import load_config, to_dict
+from train import knn
+from stages import linear_eval as le
+from train.augment import center_views
+from train.configs import EvalConfig, PretrainConfig
+from train.data import load_data, make_split
 from tests.heldout_spies import assert_learned_from, positions, spy
 
 
@@ -227,7 +228,8 @@ def test_cached_features_are_never_served_for_another_split_or_other_weights(tmp
 
 
 def test_pretraining_trains_on_the_train_images_of_the_split(tmp_path, tiny_overrides):
-    from stages import pretrain, runspec
+    from stages import pretrain
+    from train import runspec
 
     cfg = runspec.config_for_run(None, {**tiny_overrides, "val_fraction": 0.25}, tmp_path, False)
     data, split, images = pretrain.train_split(cfg, tmp_path, resume=False)

@@ -19,10 +19,11 @@ import torch
 import yaml
 from PIL import Image
 
-from pipeline import rundir
-from stages import knn, linear_eval as le, pretrain, report, validate
-from stages.data import load_data
-from stages.runspec import read_run, store_size_for
+from core import rundir
+from train import knn
+from stages import linear_eval as le, pretrain, report, validate
+from train.data import load_data
+from train.runspec import read_run, store_size_for
 from tests import tiny_run
 from tests.heldout_spies import assert_learned_from, positions, spy
 

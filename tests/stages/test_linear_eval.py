@@ -11,15 +11,15 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
-from pipeline import rundir
+from core import rundir
 from pipeline.cli import main
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 from stages import linear_eval as le
-from stages import configs, runspec, training
-from stages.backbones import build_backbone
-from stages.data import ImageData
-from stages.features import extract_features
-from stages.knn import make_monitor
+from train import configs, runspec, training
+from train.backbones import build_backbone
+from train.data import ImageData
+from train.features import extract_features
+from train.knn import make_monitor
 from tests import tiny_run
 
 # The tiny run at 8 px (the small stem's minimum) keeps every forward pass cheap; nothing here needs good features.
@@ -203,7 +203,7 @@ def test_linear_json_contract(trained):
     assert 0 <= r["top1"] <= 1 and r["top5"] is None  # 4 classes: top-5 would be trivially 100%
     assert (r["num_train"], r["num_val"]) == (len(split["train"]), len(split["val"]))
     assert sum(r["train_per_class"].values()) == r["num_train"] and len(r["train_per_class"]) == r["num_classes"]
-    assert 1 / r["num_classes"] <= r["chance_top1"] < 1  # the share of the largest val class (stages/verdict.py)
+    assert 1 / r["num_classes"] <= r["chance_top1"] < 1  # the share of the largest val class (train/verdict.py)
     assert r["protocol"]["knn"]["k_used"] == min(200, r["num_train"]) and r["protocol"]["knn"]["temperature"] == 0.1
     assert r["protocol"]["linear"]["pretrained"]["c"] in le.C_GRID
     few = r["labels_per_class"]

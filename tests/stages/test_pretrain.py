@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import rundir
-from pipeline.config import load_config
-from pipeline.errors import PipelineError
-from stages import training
-from stages.configs import PretrainConfig
-from stages.runspec import resolve
+from core import rundir
+from core.config import load_config
+from core.errors import PipelineError
+from train import training
+from train.configs import PretrainConfig
+from train.runspec import resolve
 from tests.tiny_run import pretrain_tiny
 
 # First three logged losses of the tiny seeded CPU run for each method (conftest.TINY, 3 steps), computed in
@@ -31,7 +31,7 @@ PIN_EXTRA = {"simclr": {"recipe": "paper"}, "byol": {"recipe": "paper"}, "mocov3
 # (ATEN_CPU_CAPABILITY: default, avx2, avx512), and they sum in different orders, fuse u * (b - a) + a into one FMA
 # or not, and draw normal_ in float32 with another algorithm on AVX2. In float32 three steps amplify that to a 3.3e-2
 # spread between those paths (MoCo v3, small recipe; 3.4e-3 BYOL small, 2e-6 or less for the paper recipe's runs).
-# In float64, with the weights drawn alike everywhere (stages/training.float64_init), the largest divergence from
+# In float64, with the weights drawn alike everywhere (train/training.float64_init), the largest divergence from
 # these pins that `benchmarks/pin_divergence.py` measured (AMD EPYC, AVX-512: default, avx2, avx512 at 1 thread, and
 # avx512 at 2 threads) is 2.0e-13 relative (MoCo v3, small recipe, under default; 2.1e-15 or less for the other
 # five). The tolerance is 5000x that, and the smallest change that must fail, 0.1 % of the temperature or of the
@@ -63,7 +63,7 @@ def test_pinned_losses(tmp_path, method):
     assert losses == pytest.approx(PINNED[method], rel=PIN_RTOL), losses
 
 
-# The same tiny run with no --recipe: `auto` gives it the small-data recipe (stages/recipes.py).
+# The same tiny run with no --recipe: `auto` gives it the small-data recipe (train/recipes.py).
 PINNED_SMALL = {
     "simclr": [2.526788433441193, 3.0739153709937104, 2.7421867197050482],
     # BYOL: BN on the projector's output, predictor at 10x, EMA from 0.9, crops from 25 %
@@ -88,7 +88,7 @@ def test_pins_catch_a_small_regression(tmp_path, monkeypatch, method, change):
     augmentation parameter must fail the pin (1 % moves them ten times as far: benchmarks/pin_divergence.py)."""
     import dataclasses
 
-    from stages import augment, recipes
+    from train import augment, recipes
 
     over = {}
     if change == "temperature":
@@ -113,7 +113,7 @@ def test_an_fp64_run_resumes_to_its_pins(tmp_path):
 
 
 def test_the_knn_monitor_of_an_fp64_run_reads_a_float32_copy(tmp_path):
-    """Evaluation is fp32 only (stages/features.py refuses other weights): the monitor gets a float32 copy, and the
+    """Evaluation is fp32 only (train/features.py refuses other weights): the monitor gets a float32 copy, and the
     weights that train stay float64."""
     monitored = tmp_path / "monitored"
     pretrain_tiny(monitored, method="simclr", precision="fp64", epochs=1, knn_every=1)
@@ -203,7 +203,7 @@ def test_checkpoint_write_is_atomic(tmp_path, tiny_overrides, monkeypatch):
 def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_overrides, monkeypatch):
     out = _run(tmp_path, {**tiny_overrides, "max_steps": 2})
     before = (out / rundir.LAST_CHECKPOINT).read_bytes()
-    from stages.methods.simclr import SimCLR
+    from train.methods.simclr import SimCLR
 
     monkeypatch.setattr(SimCLR, "forward", lambda self, x1, x2, p: (self.backbone(x1).sum() * float("nan")))
     with pytest.raises(PipelineError, match="loss became nan at step 2"):

@@ -21,8 +21,8 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline import rundir
-from pipeline.config import load_config
+from core import rundir
+from core.config import load_config
 from stages import report
 from stages.report import ReportConfig
 from tests import browser
@@ -185,7 +185,7 @@ def test_retrieval_neighbours_are_the_cosine_nearest_training_images(finished_ru
             assert [im["title"] for im in part] == expected, (w, q["title"])
     text = _text(page, "retrieval")
     y = {part: np.array([int(s.split("#")[1]) for s in split[f"{part}_sources"]]) for part in ("train", "val")}
-    from stages.data import make_synthetic
+    from train.data import make_synthetic
 
     cls = make_synthetic(96, 16, 0).labels.numpy()
     for which, name in (("pretrained", "pretrained"), ("random", "random init")):

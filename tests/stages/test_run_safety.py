@@ -1,6 +1,6 @@
 """Runs are safe: pretraining into a folder that holds a run needs --resume or --overwrite (which removes the old
 run's files, never mixes them), --max-steps past the epochs is refused, and no command pairs a checkpoint with an
-evaluation, export or parity result of an earlier one (stages/provenance.py)."""
+evaluation, export or parity result of an earlier one (core/provenance.py)."""
 
 import json
 import os
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pipeline import rundir
+from core import rundir
 from pipeline.cli import main
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 from tests.cli_helpers import assert_one_line_error
 from tests.tiny_run import TINY, pretrain_tiny
 

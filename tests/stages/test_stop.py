@@ -13,7 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pipeline import rundir
+from core import rundir
 from pipeline.cli import main
 from stages import pretrain
 from tests.tiny_run import TINY, pretrain_tiny

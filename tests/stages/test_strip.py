@@ -8,10 +8,10 @@ import torch
 import yaml
 
 from export.encoder import load_encoder
-from pipeline import rundir
-from stages.backbones import BACKBONES, build_backbone
-from stages.configs import PretrainConfig
-from stages.runspec import build_model
+from core import rundir
+from train.backbones import BACKBONES, build_backbone
+from train.configs import PretrainConfig
+from train.runspec import build_model
 from stages.strip import StripConfig, encoder_path, run
 from tests.cli_helpers import assert_one_line_error as _one_line_error
 from tests.cli_helpers import cli as _cli
@@ -30,7 +30,7 @@ def _pretrained(tmp_path: Path, overrides: dict, name: str = "run") -> Path:
     return out
 
 
-# SimCLR (projector only) is stripped in every export test (tests/stages/test_convert.py checks its dropped modules).
+# SimCLR (projector only) is stripped in every export test (tests/stages/test_export.py checks its dropped modules).
 @pytest.mark.parametrize("method", ["byol", "mocov3"])
 def test_strip_keeps_the_backbone_only_with_equal_features(tmp_path, tiny_overrides, method):
     extra = {"queue_size": 8} if method == "mocov3" else {}

@@ -9,10 +9,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pipeline import rundir
+from core import rundir
 from pipeline.cli import main
 from stages import swift_fixtures as sf
-from stages.backbones import build_backbone
+from train.backbones import build_backbone
 
 
 def test_committed_fixtures_are_current():

@@ -10,9 +10,9 @@ import torch
 from click.testing import CliRunner
 
 from export.encoder import load_encoder
-from pipeline import rundir
+from core import rundir
 from pipeline.cli import main
-from pipeline.errors import PipelineError
+from core.errors import PipelineError
 from stages import trace as trace_stage
 from stages.strip import StripConfig, encoder_path
 from stages.strip import run as strip

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import rundir
-from pipeline.config import load_config
-from pipeline.errors import PipelineError
+from core import rundir
+from core.config import load_config
+from core.errors import PipelineError
 from tests.stages.test_validate import FILES, _parity, _quiet, _tamper_mlmodel, _tamper_mlpackage, _tamper_onnx, _validate, _view
 
 RUN = dict(data="synthetic:96", batch_size=16, epochs=1, max_steps=1, val_fraction=0.25, image_size=32)  # 24 val images
@@ -30,7 +30,7 @@ def settle_batch_norm(run: Path, images: int = 64) -> None:
     every embedding then points the same way and top-k agreement measures only rounding."""
     import torch
 
-    from stages.runspec import build_model, read_run
+    from train.runspec import build_model, read_run
 
     path = run / rundir.LAST_CHECKPOINT
     ckpt = rundir.load_checkpoint(path)
@@ -50,7 +50,7 @@ def settle_batch_norm(run: Path, images: int = 64) -> None:
 
 
 def _build(root: Path, backbone: str) -> Path:
-    from stages import convert, strip, trace
+    from stages import export as convert, strip, trace
     from tests.tiny_run import pretrain_tiny
 
     run = root / "run"

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
 
-from stages import augment
+from train import augment
 
 
 def test_views_depend_only_on_seed_epoch_index():
@@ -60,7 +60,7 @@ def test_a_seed_draws_what_it_drew_in_earlier_versions():
     above accepts; this is the one test that sees it. Re-pin only on purpose, and say in the docs that old seeds
     no longer reproduce. Seeds of 2**40 and 2**41 reach the moduli (a 2**64 modulus would leave numpy a different
     seed)."""
-    from stages import device_augment
+    from train import device_augment
 
     seeds = ((0, 0, 0), (3, 2, 5), (2**40, 7, 11), (2**41, 7, 11))
     assert [augment.view_seed(*a) for a in seeds] == [0, 30000167000214, 6795501928725618192, 4367631820526460432]
@@ -119,7 +119,7 @@ import itertools  # noqa: E402
 
 from PIL import Image  # noqa: E402
 
-from stages import preprocess  # noqa: E402
+from train import preprocess  # noqa: E402
 
 LEVEL = 1 / 255
 REF, U8 = preprocess.TORCH_PREPROCESS, preprocess.PIL_PREPROCESS

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from pipeline.errors import PipelineError
-from stages import backbones
-from stages.backbones import BACKBONES, backbone_args, build_backbone, build_from_args, check_image_size, min_image_size
+from core.errors import PipelineError
+from train import backbones
+from train.backbones import BACKBONES, backbone_args, build_backbone, build_from_args, check_image_size, min_image_size
 from tests.cli_helpers import assert_one_line_error, cli
 
 NEW = ("mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "vit_b_16", "vit_s_16", "vit_t_16")

@@ -7,8 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.errors import PipelineError
-from stages.data import decode_image, load_data, make_split
+from core.errors import PipelineError
+from train.data import decode_image, load_data, make_split
 
 
 def _save(path, arr, mode=None, **kw):

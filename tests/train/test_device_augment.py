@@ -6,8 +6,8 @@ import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
 
-from stages import augment, device_augment, training
-from stages.data import make_synthetic
+from train import augment, device_augment, training
+from train.data import make_synthetic
 from tests.tiny_run import pretrain_tiny
 
 

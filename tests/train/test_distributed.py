@@ -11,10 +11,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipeline.errors import PipelineError
-from stages import configs, distributed, pretrain, runspec, training
-from stages.methods.mocov3 import info_nce
-from stages.methods.simclr import nt_xent
+from core.errors import PipelineError
+from train import configs, distributed, runspec, training
+from stages import pretrain
+from train.methods.mocov3 import info_nce
+from train.methods.simclr import nt_xent
 
 WORLD = 2
 N, D = 6, 5  # global batch rows and embedding size for the loss-level checks

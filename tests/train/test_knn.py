@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from stages.knn import knn_scores, majority_knn_top1, topk_accuracy, weighted_knn_top1
+from train.knn import knn_scores, majority_knn_top1, topk_accuracy, weighted_knn_top1
 
 
 def _data(seed=0, n_bank=120, n_query=40, dim=16, classes=5):

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import load_config
-from stages import knn, linear_eval
+from core.config import load_config
+from train import knn
+from stages import linear_eval
 
 GROUPS = {  # query point -> (class, count, cosine to the query)
     "A": [(0, 3, 0.99), (1, 17, 0.80), (2, 180, 0.70)],

@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import load_config
-from stages import configs, linear_eval, recipes
-from stages.configs import PretrainConfig
-from stages.methods import METHODS
-from stages.runspec import build_model, resolve
+from core.config import load_config
+from train import configs, recipes
+from stages import linear_eval
+from train.configs import PretrainConfig
+from train.methods import METHODS
+from train.runspec import build_model, resolve
 
 TEMPERATURE = 0.37  # no recipe's, no default's: see test_the_values_here_are_no_recipes
 MOMENTUM_BASE = 0.73

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stages.methods.byol import byol_loss
-from stages.methods.heads import cosine_momentum, ema_update, frozen_copy
-from stages.methods.mocov3 import KeyQueue, info_nce
-from stages.methods.simclr import nt_xent
+from train.methods.byol import byol_loss
+from train.heads import cosine_momentum, ema_update, frozen_copy
+from train.methods.mocov3 import KeyQueue, info_nce
+from train.methods.simclr import nt_xent
 
 
 def naive_nt_xent(z1, z2, t):
@@ -118,8 +118,8 @@ def test_key_queue_push_larger_than_size_keeps_newest():
 # --- each method's forward: its heads on both views, combined as the paper does
 
 def _tiny_method(name: str, **extra):
-    from stages.configs import PretrainConfig
-    from stages.runspec import build_model, resolve
+    from train.configs import PretrainConfig
+    from train.runspec import build_model, resolve
 
     torch.manual_seed(0)
     cfg = resolve(PretrainConfig(method=name, backbone="resnet18", image_size=16, proj_dim=16, proj_hidden_dim=32,
@@ -166,7 +166,7 @@ def test_simclr_forward_is_nt_xent_of_the_projections():
 def test_half_precision_backbone_feeds_fp32_heads(name):
     """The MPS policy (backbone in reduced precision, heads and loss in fp32), emulated with bf16 autocast on the
     CPU: the backbone's output is cast up before the heads, and the loss is fp32 and close to the fp32 loss."""
-    from pipeline.device import Precision
+    from core.device import Precision
 
     model, (x1, x2) = _tiny_method(name)
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -210,7 +210,7 @@ def test_heads_are_the_papers_mlps():
 def _as_rank(monkeypatch, rank: int, world: int, gathered: list[torch.Tensor]):
     """This process plays `rank` of `world`; the i-th all-gather returns gathered[i] with this rank's rows replaced
     by the tensor actually passed (so gradients still reach it)."""
-    from stages import distributed
+    from train import distributed
 
     calls = iter(gathered)
 

@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from stages import training
-from stages.configs import PretrainConfig
-from stages.runspec import resolve
+from train import training
+from train.configs import PretrainConfig
+from train.runspec import resolve
 
 # BYOL's and MoCo v3's (online, momentum) module pairs
 PAIRS = {

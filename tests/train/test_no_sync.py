@@ -13,9 +13,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from stages import training
-from stages.configs import PretrainConfig
-from stages.runspec import resolve
+from train import training
+from train.configs import PretrainConfig
+from train.runspec import resolve
 
 META = torch.device("meta")
 
@@ -79,7 +79,7 @@ def test_mocov3_step_with_a_full_key_queue_reads_nothing_back(tiny_overrides):
 ], ids=["tolist", "cpu_numpy", "torch_equal", "item", "float", "host_to_device"])
 def test_the_check_sees_each_kind_of_device_read(tiny_overrides, monkeypatch, read):
     """The check itself can fail: each read, added to the step as a regression would add it, is caught."""
-    from stages import distributed
+    from train import distributed
 
     real_mean = distributed.mean
 

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from stages.optim import LARS, build_optimizer, param_groups, warmup_cosine
-from tests.stages.test_methods import _tiny_method
+from train.optim import LARS, build_optimizer, param_groups, warmup_cosine
+from tests.train.test_methods import _tiny_method
 
 
 def naive_lars_step(params, state, lr, momentum, wd, eta):

@@ -14,16 +14,18 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from export import coreml_runtime, mil_eval
+from core import coreml_runtime
+from export import mil_eval
 from pipeline import cli
-from pipeline.errors import PipelineError
-from stages import augment, bench, preprocess
+from core.errors import PipelineError
+from train import augment, preprocess
+from stages import bench
 from tests.stages.test_pretrain import PIN_RTOL, PIN_RUN, PINNED, _losses
 from tests.tiny_run import pretrain_tiny
 
 SIZE, STORE = 48, 55  # a view side with a 5-tap blur (reflect padding two deep); 8/7 of it, a folder store
 # The Core ML backend's view against torch's, both before uint8: the color_jitter, grayscale and blur models'
-# evaluator tolerances (tests/export/test_preprocess_models.py) added: 6.8e-3, under two uint8 levels.
+# evaluator tolerances (tests/train/test_preprocess_models.py) added: 6.8e-3, under two uint8 levels.
 VIEW_TOL = 2**-8 + 2**-10 + 2**-9
 
 
@@ -34,7 +36,7 @@ def on_linux(monkeypatch):
 
 @pytest.fixture
 def cache_root(tmp_path_factory):
-    """The run-wide folder tests/export/test_preprocess_models.py also builds into: each model is built once."""
+    """The run-wide folder tests/train/test_preprocess_models.py also builds into: each model is built once."""
     base = tmp_path_factory.getbasetemp()  # under pytest-xdist, one subfolder of the run's folder per worker
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "preprocess_cache"
 

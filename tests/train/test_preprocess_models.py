@@ -1,5 +1,5 @@
 """The Core ML preprocessing models: every one is built, run through the reference evaluator and compared with its
-torch implementation (stages.preprocess.TorchPreprocess) on random images and random factors; on a Mac, also
+torch implementation (train.preprocess.TorchPreprocess) on random images and random factors; on a Mac, also
 through Core ML itself. Plus the cache: one build per key, atomic, and the keep-fp32 choices really in the file.
 
 Tolerances (absolute; a view is then quantised to uint8, one level = 1/255 ~ 3.9e-3). fp16 steps are 2^-11 in
@@ -23,11 +23,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from export import coreml_runtime, mil_eval
-from export import preprocess_models as models
-from pipeline.errors import PipelineError
-from stages import augment
-from stages.preprocess import TORCH_PREPROCESS
+from core import coreml_runtime
+from export import mil_eval
+from train import preprocess_models as models
+from core.errors import PipelineError
+from train import augment
+from train.preprocess import TORCH_PREPROCESS
 
 pytest.importorskip("coremltools")
 
@@ -40,7 +41,7 @@ DRAWS = 12  # random images and factor sets per model
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """Every model, built once per test run: pytest-xdist workers share the run's folder, and build_cached's lock
-    lets one build while the other waits (tests/stages/test_preprocess.py uses the same folder)."""
+    lets one build while the other waits (tests/train/test_preprocess.py uses the same folder)."""
     base = tmp_path_factory.getbasetemp()  # under pytest-xdist, one subfolder of the run's folder per worker
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "preprocess_cache"
     paths = {name: models.build_cached(name, root, **DIMS[name]) for name in models.MODELS}

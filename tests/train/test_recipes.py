@@ -7,13 +7,14 @@ import pytest
 import yaml
 from PIL import Image
 
-from pipeline import rundir
-from pipeline.errors import PipelineError
-from stages import augment, pretrain, recipes
-from stages.data import count_train_images, load_data, make_split
-from stages.methods import byol, mocov3, simclr
-from stages.configs import PretrainConfig
-from stages.runspec import config_for_run, resolve
+from core import rundir
+from core.errors import PipelineError
+from train import augment, recipes
+from stages import pretrain
+from train.data import count_train_images, load_data, make_split
+from train.methods import byol, mocov3, simclr
+from train.configs import PretrainConfig
+from train.runspec import config_for_run, resolve
 
 
 @pytest.mark.parametrize("n_train, steps, size, expected", [

@@ -7,10 +7,10 @@ import pytest
 import yaml
 from PIL import Image
 
-from pipeline import rundir
-from pipeline.errors import PipelineError
+from core import rundir
+from core.errors import PipelineError
 from stages import pretrain
-from stages.runspec import BEFORE_THE_OPTION, config_for_run
+from train.runspec import BEFORE_THE_OPTION, config_for_run
 from tests.tiny_run import pretrain_tiny
 
 REFUSED = [  # field, the run's value, a changed one

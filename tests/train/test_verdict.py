@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from pipeline import rundir
-from stages import report, verdict
+from core import rundir
+from stages import report
+from train import verdict
 from stages.report import ReportConfig
 from tests.cli_helpers import cli
 

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.methods.heads import at_least_fp32, cosine_momentum, ema_update, frozen_copy, mlp, online_and_momentum
-from stages.methods.spec import MethodSpec, Recipe
-from stages.views import ViewRecipe
+from train.heads import at_least_fp32, cosine_momentum, ema_update, frozen_copy, mlp, online_and_momentum
+from train.method_spec import MethodSpec, Recipe
+from core.views import ViewRecipe
 
 # The paper's defaults: projector/predictor 4096 -> 256, target EMA 0.99 rising to 1 on a cosine, LARS lr 0.2 x
 # batch/256 with weight decay 1.5e-6.
@@ -49,7 +49,7 @@ class BYOL(nn.Module):
 VIEWS = (ViewRecipe(blur_p=1.0, solarize_p=0.0), ViewRecipe(blur_p=0.1, solarize_p=0.2))
 
 # The small recipe: lightly's CIFAR-10 benchmark (BYOLModel: SGD lr 0.06 x batch/128, wd 5e-4, heads 512 -> 1024 ->
-# 256 and 256 -> 1024 -> 256, EMA 0.99 -> 1 on a cosine) in this project's loss units (stages/recipes.py's docstring:
+# 256 and 256 -> 1024 -> 256, EMA 0.99 -> 1 on a cosine) in this project's loss units (train/recipes.py's docstring:
 # lr / 4, weight decay x 4), with solo-learn's CIFAR views (scripts/pretrain/cifar/augmentations/asymmetric.yaml: the
 # paper's jitter, solarize on view 2, no blur). lightly's EMA base 0.99 rather than the paper's 0.996 (a few thousand
 # steps cannot wait for a target that averages over ~250 of them), lowered further below. Changed from

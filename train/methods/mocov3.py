@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages import distributed
-from stages.backbones import freeze_patch_projection
-from stages.methods import byol
-from stages.methods.heads import at_least_fp32, cosine_momentum, ema_update, frozen_copy, mlp, online_and_momentum
-from stages.methods.spec import MethodSpec, Recipe
+from train import distributed
+from train.backbones import freeze_patch_projection
+from train.methods import byol
+from train.heads import at_least_fp32, cosine_momentum, ema_update, frozen_copy, mlp, online_and_momentum
+from train.method_spec import MethodSpec, Recipe
 
 # The paper's ResNet defaults (and its main_moco.py): 3-layer projector and 2-layer predictor (4096 hidden,
 # 256 out, BN at the end), temperature 1.0, momentum 0.99 rising to 1 on a cosine, LARS lr 0.6 x batch/256,
@@ -105,7 +105,7 @@ class MoCoV3(nn.Module):
 
 # The small recipe: solo-learn's CIFAR recipe (scripts/pretrain/cifar/mocov3.yaml: temperature 0.2, heads 4096 -> 256,
 # asymmetric views without blur), with lightly's CIFAR optimiser (SGD, wd 5e-4) instead of LARS at trust 0.02; lr 0.3
-# per 256 is lightly's MoCo step in this loss's units (stages/recipes.py's docstring). SGD, wd 5e-4 and temperature
+# per 256 is lightly's MoCo step in this loss's units (train/recipes.py's docstring). SGD, wd 5e-4 and temperature
 # 0.2 gained 6 points over the paper recipe at 1,400 steps. Two changes from the H200 sweeps in docs/recipes.md:
 # EMA from 0.9 instead of solo-learn's 0.99 (a key encoder averaging ~10 steps, not ~100, keeps up with a
 # run of a few hundred steps: +13 points on digits-sizes) and crops from 25 % of the image, not 8 % (+12 more there).

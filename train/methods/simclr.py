@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages import distributed
-from stages.methods.heads import at_least_fp32, head_input, mlp
-from stages.methods.spec import MethodSpec, Recipe
-from stages.views import ViewRecipe
+from train import distributed
+from train.heads import at_least_fp32, head_input, mlp
+from train.method_spec import MethodSpec, Recipe
+from core.views import ViewRecipe
 
 # The paper's defaults (the config may override each): 2-layer projector to 128-d, temperature 0.5 for
 # CIFAR-size batches (0.1 is for the 4096-image ImageNet batch), LARS lr 0.3 x batch/256, weight decay 1e-6.

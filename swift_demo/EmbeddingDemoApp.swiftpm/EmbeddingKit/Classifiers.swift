@@ -1,4 +1,4 @@
-// Classifiers over stored embeddings, exactly as the pipeline evaluates the encoder (stages/knn.py), so the label an
+// Classifiers over stored embeddings, exactly as the pipeline evaluates the encoder (train/knn.py), so the label an
 // app shows is the one `pipeline linear-eval` measured:
 // - weighted kNN (Wu et al. 2018): the k = 200 most cosine-similar bank rows (k capped at the bank size), each
 //   voting exp(sim / 0.1) for its class;
@@ -43,7 +43,7 @@ public enum Classifiers {
         return best
     }
 
-    /// stages/knn.py knn_scores: temperature nil = one vote per neighbour, else exp(sim / T).
+    /// train/knn.py knn_scores: temperature nil = one vote per neighbour, else exp(sim / T).
     public static func knn(_ query: [Float], bank: [[Float]], labels: [Int], classes: Int,
                            k: Int = weightedK, temperature: Double? = temperature) -> Vote {
         precondition(bank.count == labels.count, "one label per bank row")

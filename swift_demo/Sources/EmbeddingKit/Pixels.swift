@@ -1,4 +1,4 @@
-// The pipeline's decode path (stages/data.py decode_image), ported so that an app feeds the model the same bytes the
+// The pipeline's decode path (train/data.py decode_image), ported so that an app feeds the model the same bytes the
 // pipeline trained and validated it on: EXIF orientation applied, alpha composited on white, then Pillow's
 // ImageOps.fit(image, (S, S), BICUBIC): the shorter side resized to S and the center cropped, in one resample.
 //
