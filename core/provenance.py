@@ -92,7 +92,7 @@ def unfinished(ckpt: dict, run_dir: Path) -> str | None:
             f"`{resume}` trains it to the end")
 
 
-LINEAR, SIDECAR, PARITY = f"{rundir.EVAL}/linear.json", f"{rundir.EXPORT}/{rundir.SIDECAR}", f"{rundir.VALIDATE}/parity.json"
+LINEAR, SIDECAR, PARITY = f"{rundir.EVAL}/{rundir.LINEAR_EVAL}", f"{rundir.EXPORT}/{rundir.SIDECAR}", f"{rundir.VALIDATE}/{rundir.PARITY}"
 REMAKE = {LINEAR: "linear-eval", SIDECAR: "export", PARITY: "validate"}  # the results and the commands that make them
 
 

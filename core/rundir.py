@@ -37,6 +37,17 @@ CKPT_MODEL, CKPT_OPTIMIZER, CKPT_SCHEDULER, CKPT_SCALER = "model", "optimizer", 
 CKPT_STEP, CKPT_EPOCHS_DONE, CKPT_RNG, CKPT_CONFIG, CKPT_META = "step", "epochs_done", "rng", "config", "meta"
 CKPT_ID = "id"  # fresh at every write: what each file made from the checkpoint records (core/provenance.py)
 SIDECAR = "encoder.json"  # in export/: every artifact with its format, size and sha256 (the Swift demo reads it)
+TRACE_INFO = "trace.json"  # in export/: which tracer made the graph, from which encoder.pt (`pipeline trace`)
+TRACED = {"torch.export": "encoder.pt2", "jit.trace": "encoder.ts"}  # in export/: the one traced graph, by tracer
+LINEAR_EVAL = "linear.json"  # in eval/: `pipeline linear-eval`'s result
+FEATURES = {"pretrained": "features_pretrained.pt", "random": "features_random.pt"}  # in eval/: its feature cache
+PARITY = "parity.json"  # in validate/: `pipeline validate`'s result, one row per artifact and runtime
+
+
+def tagged(name: str, tag: str) -> str:
+    """An eval/ file of linear-eval on another --data SPEC than the run's own: the data's tag before the suffix."""
+    stem, _, suffix = name.rpartition(".")
+    return f"{stem}{tag}.{suffix}"
 
 
 @contextmanager

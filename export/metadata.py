@@ -18,13 +18,12 @@ from train.backbones import BACKBONES
 from train.methods import METHODS
 
 BACKBONE_NAMES = {name: row.title for name, row in BACKBONES.items()}  # as the papers write them
-LINEAR_EVAL = "linear.json"  # in RUN/eval/, written by `pipeline linear-eval`
 
 
 def linear_eval_scores(run_dir: Path, step: int | None, say=print, checkpoint_id: str | None = None) -> dict[str, float]:
     """top-1 scores of eval/linear.json, only when it measured this checkpoint (same step and checkpoint id, the
     one every write of a checkpoint gets: core/provenance.py); else nothing."""
-    path = run_dir / rundir.EVAL / LINEAR_EVAL
+    path = run_dir / rundir.EVAL / rundir.LINEAR_EVAL
     if not path.is_file():
         return {}
     result = rundir.load_json(path, "linear-eval result")

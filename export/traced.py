@@ -1,7 +1,7 @@
 """The traced encoder as a file: what `pipeline trace` writes into RUN/export/ and `pipeline export` reads back.
 
-The file names, the record that says which tracer made the graph (and from which encoder.pt), the camera-like
-example input both stages feed it, and the loader that refuses a trace made from another encoder.pt.
+The camera-like example input both stages feed it, and the loader that refuses a trace made from another
+encoder.pt (the file names are core/rundir.py's).
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ import torch
 
 from core import rundir
 from core.errors import PipelineError
-from core.rundir import encoder_path, file_sha256
-
-TRACE_INFO = "trace.json"
-FILES = {"torch.export": "encoder.pt2", "jit.trace": "encoder.ts"}  # the one traced artifact, by tracer
+from core.rundir import TRACE_INFO, TRACED, encoder_path, file_sha256
 
 
 def example_input(batch: int, image_size: int, seed: int = 0) -> torch.Tensor:
@@ -31,7 +28,7 @@ def load_traced(run_dir: Path):
     export_dir = run_dir / rundir.EXPORT
     info = rundir.load_json(export_dir / TRACE_INFO, "trace record (run `pipeline trace` first)")
     path = export_dir / str(info.get("file"))
-    if info.get("method") not in FILES or not path.is_file():
+    if info.get("method") not in TRACED or not path.is_file():
         raise PipelineError(f"{export_dir / TRACE_INFO} names no traced encoder that exists: re-run `pipeline trace`")
     enc_path = encoder_path(run_dir)
     if not enc_path.is_file():

@@ -306,8 +306,8 @@ def _strip_and_trace_if_stale(run_dir: Path, cfg) -> None:
     from stages import strip, trace
     from train.configs import StripConfig, TraceConfig
 
-    for name, stage, cfg, made in (("strip", strip, StripConfig(), "export/encoder.pt"),
-                                   ("trace", trace, TraceConfig(), "export/trace.json")):
+    for name, stage, cfg, made in (("strip", strip, StripConfig(), rundir.ENCODER),
+                                   ("trace", trace, TraceConfig(), f"{rundir.EXPORT}/{rundir.TRACE_INFO}")):
         why = stage.stale_reason(run_dir)
         if why:
             stage.run(cfg, run_dir, say=lambda *a, **k: None)
@@ -351,13 +351,12 @@ def show(run):
     """Print a run's results from its files: the verdict, the evaluation table and the parity table (what `make all`
     ends with)."""
     from core import provenance
-    from stages.report import LINEAR, PARITY
 
     run_dir = rundir.resolve_run(run, say=click.echo)
-    evaluated, validated = run_dir / rundir.EVAL / LINEAR, run_dir / rundir.VALIDATE / PARITY
+    evaluated, validated = run_dir / rundir.EVAL / rundir.LINEAR_EVAL, run_dir / rundir.VALIDATE / rundir.PARITY
     if not (evaluated.is_file() or validated.is_file()):
         first = "pretrain" if not (run_dir / rundir.LAST_CHECKPOINT).is_file() else "linear-eval"
-        raise PipelineError(f"{run_dir} has no {rundir.EVAL}/{LINEAR} or {rundir.VALIDATE}/{PARITY} yet: run "
+        raise PipelineError(f"{run_dir} has no {rundir.EVAL}/{rundir.LINEAR_EVAL} or {rundir.VALIDATE}/{rundir.PARITY} yet: run "
                             f"`{command_for(first, run_dir)}` (or `make all` for every stage)")
     provenance.check_results(run_dir)  # never a result of an earlier checkpoint beside the current one
     from stages import linear_eval, validate

@@ -360,7 +360,7 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
 
     feats, devices = {}, {}
     for which, net, step in (("pretrained", trained, ckpt[rundir.CKPT_STEP]), ("random", baseline, 0)):
-        train_x, val_x, devices[which] = cached_features(eval_dir / f"features_{which}{tag}.pt", net, step, data, split,
+        train_x, val_x, devices[which] = cached_features(eval_dir / rundir.tagged(rundir.FEATURES[which], tag), net, step, data, split,
                                                          run_cfg.image_size, device, cfg.batch_size, say)
         feats[which] = (train_x, val_x)
     train_y = data.labels[torch.as_tensor(split["train"], dtype=torch.long)].numpy()
@@ -401,7 +401,7 @@ def run(cfg: EvalConfig, run_dir: Path, say=print) -> dict:
             "rows": "draw d: K train images per class, seeded by (seed, K, d); the same rows for both backbones",
             "selection": "C chosen per draw and backbone on that draw's labelled rows alone, as for linear (above)",
             "summary": "mean and population std over draws; gain = mean and std of the per-draw paired differences"}
-    path = eval_dir / f"linear{tag}.json"
+    path = eval_dir / rundir.tagged(rundir.LINEAR_EVAL, tag)
     rundir.write_json_atomic(path, out)
     say(f"wrote {path}")
     return out

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from export.formats import minimum_os
 from export.targets import ipados
 from core import rundir
-from core.rundir import SIDECAR
+from core.rundir import FEATURES, LINEAR_EVAL, PARITY, SIDECAR
 from core.config import opt
 from core.errors import PipelineError
 from core import provenance
@@ -39,9 +39,6 @@ from train import verdict
 # ReportConfig's flags and should stay instant.
 if TYPE_CHECKING:
     import numpy as np
-FEATURES = {"pretrained": "features_pretrained.pt", "random": "features_random.pt"}  # in RUN/eval/, by linear-eval
-LINEAR = "linear.json"  # in RUN/eval/
-PARITY = "parity.json"  # in RUN/validate/
 THUMB_SIDE = 96  # larger images are shrunk to this in the grids: a grid of 88 photos stays a few hundred KB
 SOURCE_SIDE = 192  # the worst parity image's source file is shown up to this size
 
@@ -177,7 +174,7 @@ class Run:
         return self._once("checkpoint", read)
 
     def linear(self) -> dict:
-        return self.json(f"{rundir.EVAL}/{LINEAR}", "linear-eval result", self.cmd("linear-eval"))
+        return self.json(f"{rundir.EVAL}/{LINEAR_EVAL}", "linear-eval result", self.cmd("linear-eval"))
 
     def features(self) -> dict[str, tuple]:
         """{pretrained|random: (train N x D, val M x D)} as linear-eval cached them, checked to be the features of
@@ -195,7 +192,7 @@ class Run:
                     raise NotRun(self.cmd("linear-eval"))
                 cached = torch.load(path, map_location="cpu", weights_only=True)
                 if cached.get("key", {}).get("weights_sha256") != expected[which]:
-                    raise NotRun(self.cmd("linear-eval") + f"  (eval/{name} is from other weights than eval/{LINEAR})")
+                    raise NotRun(self.cmd("linear-eval") + f"  (eval/{name} is from other weights than eval/{LINEAR_EVAL})")
                 out[which] = (cached["train"].float().numpy(), cached["val"].float().numpy())
             return out
 
@@ -552,7 +549,7 @@ def source_picture(path: Path) -> np.ndarray:
 
 def model_card(run: Run) -> str:
     export = run.dir / rundir.EXPORT
-    chain = [("strip", export / "encoder.pt", []), ("trace", export / "trace.json", []),
+    chain = [("strip", run.dir / rundir.ENCODER, []), ("trace", export / rundir.TRACE_INFO, []),
              ("export", export / SIDECAR, ["--to", "all"])]
     missing = [(name, extra) for name, path, extra in chain if not path.is_file()]
     if missing:

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from export.encoder import INPUT_NAME, OUTPUT_NAME, load_encoder
-from export.traced import FILES, TRACE_INFO, example_input
+from export.traced import example_input
 from core import rundir
-from core.rundir import encoder_path, file_sha256
+from core.rundir import TRACE_INFO, TRACED, encoder_path, file_sha256
 from core.errors import PipelineError
 from core import provenance
 from train.configs import TraceConfig
@@ -111,13 +111,13 @@ def run(cfg: TraceConfig, run_dir: Path, say=print) -> dict:
         used = "jit.trace"
 
     export_dir = run_dir / rundir.EXPORT
-    out = export_dir / FILES[used]
+    out = export_dir / TRACED[used]
     save_program(program, out)
-    for other in FILES.values():  # a stale trace of the other kind would be ambiguous
-        if other != FILES[used]:
+    for other in TRACED.values():  # a stale trace of the other kind would be ambiguous
+        if other != TRACED[used]:
             (export_dir / other).unlink(missing_ok=True)
     info = {
-        "method": used, "file": FILES[used], "reason": reason,
+        "method": used, "file": TRACED[used], "reason": reason,
         "input_name": INPUT_NAME, "input_shape": ["batch", 3, size, size], "input_range": [0, 255],
         "output_name": OUTPUT_NAME, "output_shape": ["batch", state["feat_dim"]],
         "example_batch": cfg.example_batch, "checked_batches": [int(c.shape[0]) for c in checks],
@@ -141,7 +141,7 @@ def stale_reason(run_dir: Path) -> str | None:
         info = rundir.load_json(record, "trace record")
     except PipelineError:
         return f"{record} is unreadable"
-    if info.get("method") not in FILES or not (export_dir / str(info.get("file"))).is_file():
+    if info.get("method") not in TRACED or not (export_dir / str(info.get("file"))).is_file():
         return f"{record} names no traced encoder that exists"
     enc_path = encoder_path(run_dir)
     if enc_path.is_file() and file_sha256(enc_path) != info.get("encoder_sha256"):

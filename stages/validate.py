@@ -27,13 +27,11 @@ from export import parity
 from export.encoder import OUTPUT_NAME, load_encoder
 from export.formats import COREML_FORMATS
 from core import rundir
-from core.rundir import SIDECAR, artifact_digest, encoder_path, file_sha256
+from core.rundir import PARITY, SIDECAR, artifact_digest, encoder_path, file_sha256
 from core.config import to_dict
 from core.errors import PipelineError
 from core import provenance
 from train.configs import ValidateConfig
-
-PARITY = "parity.json"  # in RUN/validate/
 
 
 def gates(cfg: ValidateConfig) -> dict[str, float]:

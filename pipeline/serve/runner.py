@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from core import rundir
 from core.config import as_flags
 from pipeline.serve.options import RECIPES, child_env
 from pipeline.serve.store import Store
@@ -118,7 +119,7 @@ class Runner:
                 self.store.finish(job["id"], "cancelled")
                 return
             self.store.update(job["id"], stage=name)
-            if name == "pretrain" and (run / "checkpoints" / "last.pt").is_file():
+            if name == "pretrain" and (run / rundir.LAST_CHECKPOINT).is_file():
                 args = [*args, "--resume"]  # only this job ever wrote here: it was interrupted
             rc = self._child(job["id"], name, args, job_dir / LOGS / f"{name}.log", run)
             if self.stopping.is_set():
@@ -162,18 +163,18 @@ class Runner:
 
     def _after(self, job: dict, name: str, run: Path) -> None:
         """Summaries a client reads without opening the run's files."""
-        if name == "pretrain" and (run / "skipped.txt").is_file():
-            listed = [line.strip() for line in (run / "skipped.txt").read_text().splitlines() if line.strip()]
+        if name == "pretrain" and (run / rundir.SKIPPED).is_file():
+            listed = [line.strip() for line in (run / rundir.SKIPPED).read_text().splitlines() if line.strip()]
             self.store.update(job["id"], skipped=(job["skipped"] or []) + listed[:1000])
         elif name == "linear-eval":
-            ev = json.loads((run / "eval" / "linear.json").read_text())
+            ev = json.loads((run / rundir.EVAL / rundir.LINEAR_EVAL).read_text())
             base = ev.get("baseline") or {}
             self.store.update(job["id"], eval={
                 "linear_top1": ev.get("top1"), "knn_top1": ev.get("knn_top1"),
                 "random_init_linear_top1": base.get("top1"), "random_init_knn_top1": base.get("knn_top1"),
                 "num_train": ev.get("num_train"), "num_val": ev.get("num_val"), "num_classes": ev.get("num_classes")})
         elif name == "validate":
-            par = json.loads((run / "validate" / "parity.json").read_text())
+            par = json.loads((run / rundir.VALIDATE / rundir.PARITY).read_text())
             self.store.update(job["id"], parity={"passed": par.get("passed"), "artifacts": [
                 {k: row.get(k) for k in ("artifact", "runtime", "precision", "worst_cosine", "worst_rel_l2",
                                          "max_abs", "topk_agreement", "passed")} for row in par.get("rows", [])]})
@@ -183,7 +184,7 @@ class Progress:
     """Reads pretraining's progress as it is written: metrics.jsonl lines and the step total from the log."""
 
     def __init__(self, run: Path, log: Path):
-        self.metrics, self.log, self.offset, self.total = run / "metrics.jsonl", log, 0, None
+        self.metrics, self.log, self.offset, self.total = run / rundir.METRICS, log, 0, None
 
     def read(self) -> dict:
         out = {}

@@ -16,7 +16,8 @@ from core.errors import PipelineError
 from stages import trace as trace_stage
 from stages.strip import StripConfig, encoder_path
 from stages.strip import run as strip
-from export.traced import TRACE_INFO, load_traced
+from core.rundir import TRACE_INFO
+from export.traced import load_traced
 from stages.trace import TraceConfig
 from tests.tiny_run import pretrain_tiny
 

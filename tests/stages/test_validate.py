@@ -21,7 +21,8 @@ from pipeline.cli import main
 from core.config import load_config
 from core.errors import PipelineError
 from stages import validate
-from stages.validate import PARITY, ValidateConfig
+from core.rundir import PARITY
+from stages.validate import ValidateConfig
 
 TINY = dict(data="synthetic:96", batch_size=16, epochs=1, max_steps=2, val_fraction=0.34)  # 32 val images: enough for top-10
 FILES = {"mlpackage": "encoder.mlpackage", "mlmodel": "encoder.mlmodel", "onnx": "encoder.onnx"}
