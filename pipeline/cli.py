@@ -264,7 +264,8 @@ STAGE_INPUTS = ("linear-eval", "strip", "trace", "export", "validate")  # the st
 def _stage_commands():
     """linear-eval, then strip -> trace -> export -> validate -> report: each a stage reading the run directory."""
     from export.formats import describe_table
-    from train.configs import EvalConfig, ExportConfig, StripConfig, TraceConfig, ValidateConfig
+    from train.configs import EvalConfig
+    from export.configs import ExportConfig, StripConfig, TraceConfig, ValidateConfig
     from stages.report import ReportConfig
 
     stage_command("linear-eval", EvalConfig, "stages.linear_eval",
@@ -304,7 +305,7 @@ def _strip_and_trace_if_stale(run_dir: Path, cfg) -> None:
     """Strip and trace are cheap and deterministic: `pipeline export` right after `pipeline pretrain` runs them (with
     their default options) instead of stopping the user, one line each, as `make` would."""
     from stages import strip, trace
-    from train.configs import StripConfig, TraceConfig
+    from export.configs import StripConfig, TraceConfig
 
     for name, stage, cfg, made in (("strip", strip, StripConfig(), rundir.ENCODER),
                                    ("trace", trace, TraceConfig(), f"{rundir.EXPORT}/{rundir.TRACE_INFO}")):

@@ -23,7 +23,7 @@ from core import rundir
 from core.rundir import SIDECAR, artifact_digest, encoder_path
 from core.errors import PipelineError
 from core import provenance
-from train.configs import ExportConfig
+from export.configs import ExportConfig
 
 
 

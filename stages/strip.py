@@ -21,7 +21,8 @@ from core.errors import PipelineError
 from core.rundir import encoder_path
 from core import provenance
 from train.backbones import backbone_args, build_from_args, check_image_size, uses_small_stem
-from train.configs import PretrainConfig, StripConfig
+from train.configs import PretrainConfig
+from export.configs import StripConfig
 from train.runspec import build_model, read_run
 from core.views import MEAN, STD
 

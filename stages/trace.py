@@ -24,7 +24,7 @@ from core import rundir
 from core.rundir import TRACE_INFO, TRACED, encoder_path, file_sha256
 from core.errors import PipelineError
 from core import provenance
-from train.configs import TraceConfig
+from export.configs import TraceConfig
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()

@@ -31,7 +31,7 @@ from core.rundir import PARITY, SIDECAR, artifact_digest, encoder_path, file_sha
 from core.config import to_dict
 from core.errors import PipelineError
 from core import provenance
-from train.configs import ValidateConfig
+from export.configs import ValidateConfig
 
 
 def gates(cfg: ValidateConfig) -> dict[str, float]:
