@@ -30,8 +30,9 @@ from starlette.datastructures import UploadFile
 from core.config import load_config
 from core.errors import PipelineError
 from core.rundir import atomic_path
+from train.configs import PretrainConfig
 from pipeline.serve import uploads
-from pipeline.serve.options import RECIPES, SERVER_SET, options_class, recipes
+from pipeline.serve.options import CONFIG_DIR, SERVER_SET, config_names
 from pipeline.serve.runner import RUN, Runner
 from pipeline.serve.store import TERMINAL, Store
 
@@ -140,8 +141,8 @@ class Service:
     store: Store
     runner: Runner
     token: str
-    described: dict  # options.probe()'s answer: fields, commands, formats, auto_device
-    options_cls: type  # PretrainConfig's fields minus those the server sets (options.options_class)
+    described: dict  # options.describe()'s answer: fields, formats, auto_device
+    options_cls: type  # what a submission's options are loaded as: PretrainConfig
     advertised: list  # the fields a client may set, as GET /options lists them
     allow_data: tuple[str, ...]
     max_upload: int
@@ -159,14 +160,14 @@ class Service:
 def create_app(root: Path, described: dict, *, allow_data: tuple[str, ...] = ("digits",),
                max_upload: int = 512 << 20, caps: uploads.ZipCaps | None = None, run_jobs: bool = True,
                poll_s: float = 0.5) -> FastAPI:
-    """The service over `root` (jobs.db, token, one folder per job). `described` is options.probe()'s answer;
+    """The service over `root` (jobs.db, token, one folder per job). `described` is options.describe()'s answer;
     run_jobs=False accepts and queues jobs without running them (the unit tests)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     store = Store(root / DB_FILE)
     _remove_unrecorded(root, store)
-    svc = Service(root, store, Runner(store, root, described["commands"], poll_s=poll_s), load_or_create_token(root),
-                  described, options_class(described), [f for f in described["fields"] if f["name"] not in SERVER_SET],
+    svc = Service(root, store, Runner(store, root, poll_s=poll_s), load_or_create_token(root),
+                  described, PretrainConfig, [f for f in described["fields"] if f["name"] not in SERVER_SET],
                   allow_data, max_upload, caps or uploads.ZipCaps(), run_jobs, poll_s)
 
     @asynccontextmanager
@@ -203,7 +204,7 @@ def _info_routes(app: FastAPI, svc: Service, authed) -> None:
     @app.get("/options", dependencies=[authed])
     def options() -> dict:
         """What POST /jobs accepts: pretraining options (type, default, choices, why), recipes, formats, data SPECs."""
-        return {"options": svc.advertised, "recipes": recipes(), "formats": svc.described["formats"],
+        return {"options": svc.advertised, "recipes": config_names(), "formats": svc.described["formats"],
                 "data": list(svc.allow_data), "max_upload_bytes": svc.max_upload}
 
 
@@ -221,7 +222,7 @@ def submit_schema(svc: Service) -> dict:
             "file": {"type": "string", "format": "binary", "description": "zip of images: class sub-folders or flat"},
             # not listed here: the description is public, the allowed SPECs (maybe server paths) are not
             "data": {"type": "string", "description": "a data SPEC the server allows (GET /options lists them)"},
-            "recipe": {"type": "string", "enum": recipes(), "description": "start from configs/<recipe>.yaml"},
+            "recipe": {"type": "string", "enum": config_names(), "description": "start from configs/<recipe>.yaml"},
             "formats": {"type": "string", "enum": svc.described["formats"], "description": "what export writes"},
             **{f["name"]: {"type": JSON_TYPE[f["type"]], "description": f["why"],
                            **({"enum": f["choices"]} if f["choices"] else {})} for f in svc.advertised}}}}}}}
@@ -311,8 +312,8 @@ def _form_fields(svc: Service, form) -> tuple[dict, UploadFile | None, str | Non
     if spec is not None and spec not in allowed:
         raise HTTPException(422, f"`data` {spec!r} is not allowed here (allowed: {', '.join(allowed)}); "
                                  "upload a zip instead")
-    if recipe is not None and recipe not in recipes():
-        raise HTTPException(422, f"`recipe` {recipe!r} is unknown (known: {', '.join(recipes())})")
+    if recipe is not None and recipe not in config_names():
+        raise HTTPException(422, f"`recipe` {recipe!r} is unknown (known: {', '.join(config_names())})")
     if formats not in svc.described["formats"]:
         raise HTTPException(422, f"`formats` must be one of {', '.join(svc.described['formats'])}; got {formats!r}")
     overrides = {k.replace("-", "_"): v for k, v in fields.items() if v != ""}
@@ -326,7 +327,7 @@ def accept_submission(svc: Service, form) -> dict:
     """Check the whole submission, then give the job its folder (an upload is extracted there) and its row."""
     overrides, upload, spec, recipe, formats = _form_fields(svc, form)
     try:
-        cfg = load_config(svc.options_cls, RECIPES / f"{recipe}.yaml" if recipe else None, overrides)
+        cfg = load_config(svc.options_cls, CONFIG_DIR / f"{recipe}.yaml" if recipe else None, overrides)
     except PipelineError as e:
         raise HTTPException(422, str(e)) from None
     common = dict(device=cfg.device if cfg.device != "auto" else svc.described["auto_device"], recipe=recipe,
@@ -435,7 +436,7 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
 
     import uvicorn
 
-    from pipeline.serve.options import probe
+    from pipeline.serve.options import describe
 
     if not is_loopback(host):
         if not allow_remote:
@@ -451,7 +452,7 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
     except OSError:
         raise PipelineError(f"another `pipeline serve` is using {root}: stop it or give another --root") from None
     try:
-        described = probe()
+        described = describe()
     except RuntimeError as e:
         raise PipelineError(str(e)) from None
     # Starlette spools an uploaded file over 1 MiB to a temporary file while it parses the form: keep those under

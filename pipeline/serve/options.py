@@ -1,26 +1,24 @@
-"""What a job may ask for, read from the pipeline itself in a child process (`python -m pipeline.serve.describe`).
-
-The server validates a submission with core/config.py against a dataclass rebuilt from PretrainConfig's fields,
-so an option is checked by the very code `pipeline pretrain` uses, while what the pipeline's CLI loads is loaded
-only by this short-lived child and never by the server.
+"""What a job may ask for: PretrainConfig's own fields (a submission is checked by core/config.py against the very
+class `pipeline pretrain` loads), the export groups of the format table, the configs/*.yaml a job may start from,
+and the device `auto` picks. All of it is read in the server's process, torch-free, but the device: finding it needs
+torch, which only a short-lived child imports (`describe`), so the server stays small and starts fast.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import subprocess
 import sys
-import typing
 from pathlib import Path
 
-from core.config import opt
+from core.config import _base_type, _fields
+from export.formats import TO_CHOICES
+from train.configs import PretrainConfig
 
-PROJECT = Path(__file__).resolve().parents[2]  # the folder holding pipeline/ and stages/: the children's import root
-RECIPES = PROJECT / "configs"
+PROJECT = Path(__file__).resolve().parents[2]  # the folder holding the packages: the children's import root
+CONFIG_DIR = PROJECT / "configs"  # the YAML files a job may start from (its `recipe`)
 SERVER_SET = ("data",)  # the server fills these: the data is the upload or an allowed SPEC, never a path typed in
-TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+AUTO_DEVICE = "from core.device import select_device; print(str(select_device('auto')).split(':')[0])"
 
 
 def child_env() -> dict[str, str]:
@@ -30,27 +28,22 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def probe(timeout: float = 300) -> dict:
-    """Ask a child for describe(); raise RuntimeError with its last line if it fails."""
-    done = subprocess.run([sys.executable, "-m", "pipeline.serve.describe"], capture_output=True, text=True,
-                          env=child_env(), cwd=PROJECT, timeout=timeout)
+def describe(timeout: float = 300) -> dict:
+    """PretrainConfig's fields (name, type, default, choices, why), the export groups, and the device `auto` picks,
+    asked of a child; RuntimeError with the child's last line if it fails."""
+    fields = []
+    for name, f in _fields(PretrainConfig).items():
+        tp = _base_type(f.type)
+        fields.append({"name": name, "type": tp.__name__, "optional": tp is not f.type, "default": f.default,
+                       "why": f.metadata.get("why", ""), "choices": list(f.metadata.get("choices") or []) or None})
+    done = subprocess.run([sys.executable, "-c", AUTO_DEVICE], capture_output=True, text=True, env=child_env(),
+                          cwd=PROJECT, timeout=timeout)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
-        raise RuntimeError(f"could not read the pretraining options: {lines[-1]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"could not find the device `auto` picks: {lines[-1]}")
+    return {"fields": fields, "formats": list(TO_CHOICES), "auto_device": done.stdout.strip().splitlines()[-1]}
 
 
-def options_class(described: dict):
-    """A dataclass with PretrainConfig's fields (types, choices, defaults), for core.config.load_config.
-    It keeps `data` so a recipe file that names its data still loads; the form's `data` is the server's."""
-    spec = []
-    for f in described["fields"]:
-        tp = TYPES[f["type"]]
-        spec.append((f["name"], typing.Optional[tp] if f["optional"] else tp,
-                     opt(f["default"], f["why"], tuple(f["choices"]) if f["choices"] else None)))
-    return dataclasses.make_dataclass("JobOptions", spec)
-
-
-def recipes() -> list[str]:
-    """The recipe names a job may start from: configs/<name>.yaml."""
-    return sorted(p.stem for p in RECIPES.glob("*.yaml"))
+def config_names() -> list[str]:
+    """The configs a job may start from (its `recipe`): configs/<name>.yaml."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))

@@ -1,6 +1,6 @@
 """One queue per device: a thread takes the next job and runs its stages as child processes, one after another.
 
-pretrain -> linear-eval -> strip -> trace -> export -> validate (-> report where that command exists), each
+pretrain -> linear-eval -> strip -> trace -> export -> validate -> report, each
 `python -m pipeline <stage> --run <job>/run`, output in `<job>/logs/<stage>.log`. The stage a job has reached is
 committed before the stage starts, so after a crash the job continues at that stage; pretraining continues from
 `checkpoints/last.pt` with `--resume`, which ends with the same weights as a run never interrupted.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from core import rundir
 from core.config import as_flags
-from pipeline.serve.options import RECIPES, child_env
+from pipeline.serve.options import CONFIG_DIR, child_env
 from pipeline.serve.store import Store
 
 CHAIN = ("pretrain", "linear-eval", "strip", "trace", "export", "validate", "report")
@@ -43,24 +43,22 @@ else:
     _die_with_parent = None
 
 
-def chain(job: dict, commands: list[str], job_dir: Path) -> list[tuple[str, list[str]]]:
+def chain(job: dict, job_dir: Path) -> list[tuple[str, list[str]]]:
     """The (stage, arguments) a job runs; a folder without class sub-folders has no labels to evaluate with."""
     run = str(job_dir / RUN)
-    recipe = ["--config", str(RECIPES / f"{job['recipe']}.yaml")] if job["recipe"] else []
+    recipe = ["--config", str(CONFIG_DIR / f"{job['recipe']}.yaml")] if job["recipe"] else []
     device = ["--device", job["options"]["device"]] if "device" in job["options"] else []
     steps = [("pretrain", [*recipe, *as_flags(job["options"]), "--data", job["data"], "--out", run])]
     if job["labelled"]:
         steps.append(("linear-eval", [*device, "--run", run]))
     steps += [("strip", ["--run", run]), ("trace", ["--run", run]), ("export", ["--to", job["formats"], "--run", run]),
-              ("validate", ["--run", run])]
-    if "report" in commands:
-        steps.append(("report", ["--run", run]))
+              ("validate", ["--run", run]), ("report", ["--run", run])]
     return steps
 
 
 class Runner:
-    def __init__(self, store: Store, root: Path, commands: list[str], poll_s: float = 0.5):
-        self.store, self.root, self.commands, self.poll_s = store, Path(root), commands, poll_s
+    def __init__(self, store: Store, root: Path, poll_s: float = 0.5):
+        self.store, self.root, self.poll_s = store, Path(root), poll_s
         self.stopping = threading.Event()
         self._threads: dict[str, threading.Thread] = {}
         self._wake: dict[str, threading.Event] = {}
@@ -111,7 +109,7 @@ class Runner:
         job_dir = self.root / job["id"]
         run = job_dir / RUN
         (job_dir / LOGS).mkdir(parents=True, exist_ok=True)
-        steps = chain(job, self.commands, job_dir)
+        steps = chain(job, job_dir)
         names = [name for name, _ in steps]
         start = names.index(job["stage"]) if job["stage"] in names else 0
         for name, args in steps[start:]:

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from pipeline.serve import uploads  # noqa: E402
 from pipeline.serve.app import create_app  # noqa: E402
-from pipeline.serve.describe import describe  # noqa: E402
+from pipeline.serve.options import describe  # noqa: E402
 from pipeline.serve.store import Store  # noqa: E402
 
 
@@ -321,18 +321,18 @@ def test_the_server_code_does_not_import_torch():
 
 
 def test_the_chain_each_job_runs(tmp_path):
-    from pipeline.serve.options import RECIPES
+    from pipeline.serve.options import CONFIG_DIR
     from pipeline.serve.runner import chain
 
     job = {"recipe": "byol-small", "options": {"epochs": 3, "compile": False, "device": "cpu"}, "data": "folder:/x y",
            "labelled": True, "formats": "onnx"}
-    steps = chain(job, ["pretrain", "validate"], tmp_path)
+    steps = chain(job, tmp_path)
     run = str(tmp_path / "run")
-    assert [name for name, _ in steps] == ["pretrain", "linear-eval", "strip", "trace", "export", "validate"]
-    assert steps[0][1] == ["--config", str(RECIPES / "byol-small.yaml"), "--epochs=3", "--no-compile", "--device=cpu",
+    assert [name for name, _ in steps] == ["pretrain", "linear-eval", "strip", "trace", "export", "validate", "report"]
+    assert steps[0][1] == ["--config", str(CONFIG_DIR / "byol-small.yaml"), "--epochs=3", "--no-compile", "--device=cpu",
                            "--data", "folder:/x y", "--out", run]
     assert steps[1][1] == ["--device", "cpu", "--run", run] and steps[4][1] == ["--to", "onnx", "--run", run]
-    unlabelled = chain(dict(job, labelled=False, recipe=None), ["report"], tmp_path)
+    unlabelled = chain(dict(job, labelled=False, recipe=None), tmp_path)
     assert [name for name, _ in unlabelled] == ["pretrain", "strip", "trace", "export", "validate", "report"]
 
 

@@ -30,7 +30,7 @@ pytest.importorskip("fastapi")
 PROJECT = Path(__file__).resolve().parents[2]
 TINY = dict(image_size=16, batch_size=8, epochs=2, proj_hidden_dim=32, proj_dim=16, pred_hidden_dim=32, device="cpu",
             num_workers=0, warmup_epochs=0.5, log_every=1, seed=0)
-START_S = 180  # the server reads the options from a child that imports torch: slow on a busy 2-core machine
+START_S = 180  # the server asks a child that imports torch for the device `auto` picks: slow on a busy 2-core machine
 JOB_S = 540  # a whole tiny chain (six child processes, each importing torch) on a busy 2-core machine
 
 
