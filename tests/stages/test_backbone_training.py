@@ -119,7 +119,7 @@ def test_the_job_service_takes_every_backbone(tmp_path):
     from fastapi.testclient import TestClient
 
     from pipeline.serve.app import create_app
-    from pipeline.serve.describe import describe
+    from pipeline.serve.options import describe
 
     described = describe()
     field = next(f for f in described["fields"] if f["name"] == "backbone")
