@@ -74,7 +74,9 @@ def regressions() -> dict[str, float]:
     """{what changed: how far it moves the paper pins}, in-process at 1 thread."""
     import torch
 
-    from train import augment, recipes
+    import importlib
+
+    from train import recipes
     from tests.stages.test_pretrain import PINNED, pinned_losses
 
     torch.set_num_threads(1)
@@ -86,13 +88,15 @@ def regressions() -> dict[str, float]:
                     t = recipes.values("paper", method)["temperature"] * factor
                     out[f"{method} temperature x {factor}"] = rel(pinned_losses(Path(tmp) / f"t{method}{factor}",
                                                                                 method, temperature=t), PINNED[method])
-                original = augment.RECIPES[method]
-                augment.RECIPES[method] = tuple(dataclasses.replace(v, brightness=v.brightness * factor) for v in original)
+                module = importlib.import_module(f"train.methods.{method}")  # the method's file with another SPEC
+                original = module.SPEC
+                module.SPEC = dataclasses.replace(original, views=tuple(
+                    dataclasses.replace(v, brightness=v.brightness * factor) for v in original.views))
                 try:
                     out[f"{method} brightness x {factor}"] = rel(pinned_losses(Path(tmp) / f"b{method}{factor}", method),
                                                                  PINNED[method])
                 finally:
-                    augment.RECIPES[method] = original
+                    module.SPEC = original
     return out
 
 

@@ -35,6 +35,7 @@ from core.errors import PipelineError
 from train import augment, distributed, preprocess
 from train.configs import BenchConfig, PretrainConfig
 from train.data import store_size_for
+from train.methods import METHODS
 from train.runspec import resolve, validate
 from train.training import augment_mode, build_training, default_workers, keep_on_device, train_step, view_batches
 
@@ -343,7 +344,7 @@ def time_per_image(choice: str, method: str, size: int, store_size: int, images:
     if backend.pixels == "uint8":  # the ops of a uint8 backend take PIL images
         views = [Image.fromarray((v * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()) for v in views]
     pixels = torch.randint(0, 256, (images, 3, store_size, store_size), dtype=torch.uint8, generator=g)
-    p = augment.sample_params(images, augment.RECIPES["simclr"][0], store_size, np.random.default_rng(seed))
+    p = augment.sample_params(images, METHODS["simclr"].views[0], store_size, np.random.default_rng(seed))
     k = augment.blur_kernel_size(size)
     jitter = lambda i: backend.color_jitter(  # noqa: E731
         views[i], p["jitter_order"][i].tolist(), float(p["brightness"][i]), float(p["contrast"][i]),

@@ -34,6 +34,7 @@ from core.config import opt
 from core.errors import PipelineError
 from core import provenance
 from train import verdict
+from train.methods import METHODS
 
 # numpy, torch, sklearn and matplotlib are imported where used: `pipeline --help` imports this module for
 # ReportConfig's flags and should stay instant.
@@ -247,11 +248,7 @@ def run_card(run: Run) -> str:
     wall = (ck or {}).get("wall_s")
     recipe = [f"{c.get('optimizer')} optimizer"] + conf["header"][:1] + [
         f"weight decay {c.get('weight_decay'):g}", f"warm-up {c.get('warmup_epochs'):g} epochs, cosine decay"]
-    recipe += {"simclr": [f"temperature {c.get('temperature')}"],
-               "mocov3": [f"temperature {c.get('temperature')}", f"momentum {c.get('momentum_base')} → 1",
-                          f"queue {c.get('queue_size')}"],
-               "byol": [f"target momentum {c.get('momentum_base')} → 1"]
-               + (["BN on the projector's output"] if c.get("proj_last_bn") == "on" else [])}.get(c.get("method"), [])
+    recipe += METHODS[c["method"]].summary(c) if c.get("method") in METHODS else []
     if c.get("pred_lr") not in (None, 1.0):  # absent from runs made before --pred-lr
         recipe.append(f"predictor lr × {c['pred_lr']:g}")
     data = f"{c.get('data')}" + (f": {len(split['train']):,} train / {len(split['val']):,} val images"

@@ -26,13 +26,10 @@ from train.methods import METHODS
 from train.preprocess import PIL_PREPROCESS, TORCH_PREPROCESS
 from core.views import MEAN, STD, ViewRecipe, blur_kernel_size
 
-# Each method's paper views, from its spec (train/methods/*.py).
-RECIPES: dict[str, tuple[ViewRecipe, ViewRecipe]] = {name: spec.views for name, spec in METHODS.items()}
-
-
 def recipes_for(method: str, image_size: int) -> tuple[ViewRecipe, ViewRecipe]:
-    """Each paper's views; blur is dropped at <= 64 px, as SimCLR's CIFAR setup does (it erases small images)."""
-    v1, v2 = RECIPES[method]
+    """Each paper's views (its spec's); blur is dropped at <= 64 px, as SimCLR's CIFAR setup does (it erases small
+    images)."""
+    v1, v2 = METHODS[method].views
     if image_size <= 64:
         v1, v2 = (ViewRecipe(**{**v.__dict__, "blur_p": 0.0}) for v in (v1, v2))
     return v1, v2

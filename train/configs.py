@@ -2,8 +2,8 @@
 stage, each field with its default and the one-line reason for it (the shipping stages' are export/configs.py's).
 
 Torch-free on purpose, with the few names their choices need: the CLI builds its flags from these classes, and
-`pipeline --help` or a wrong flag must answer at once instead of after torch and torchvision load (seconds).
-tests/pipeline/test_configs.py checks that the name tuples here equal the registries they mirror.
+`pipeline --help` or a wrong flag must answer at once instead of after torch and torchvision load (seconds). The
+method and backbone names come from their registries, which answer without importing torch.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from core.config import opt
+from train import methods
 
-METHOD_NAMES = ("simclr", "byol", "mocov3")  # = tuple(train.methods.METHODS)
 BACKBONE_NAMES = ("resnet18", "resnet34", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
                   "convnext_tiny", "vit_b_16", "vit_s_16", "vit_t_16")  # = tuple(train.backbones.BACKBONES)
 AUGMENT_MODES = ("auto", "cpu", "device")  # where views are made (train.augment.augment_mode)
@@ -35,7 +35,7 @@ MAJORITY_K = 20  # the plain vote most papers list beside the weighted one
 
 @dataclass
 class PretrainConfig:
-    method: str = opt("simclr", "SSL method", choices=METHOD_NAMES)
+    method: str = opt("simclr", "SSL method", choices=methods.names())
     recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD; train/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100,000 train images, >= 30,000 steps, >= 65 px), else small. A flag or --config value always wins", choices=RECIPE_CHOICES)
     data: str = opt("digits", "data SPEC: digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
     backbone: str = opt("resnet18", "torchvision network, random init, its classifier removed (ViT-S/Ti: DeiT's sizes)", choices=BACKBONE_NAMES)

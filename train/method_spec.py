@@ -1,6 +1,6 @@
-"""How a method is declared: each method file ends with one MethodSpec, and train.methods builds its registry from
-them. Config resolution (train/recipes.py, train/runspec.py), augmentation (train/augment.py) and the export
-metadata read only the spec, so adding a method is one file ending in a spec and one line in train/methods."""
+"""How a method is declared: each file of train/methods/ ends with one MethodSpec, which holds everything the rest
+of the pipeline knows about the method. Config resolution and checks (train/recipes.py, train/runspec.py), views
+(train/augment.py), the export metadata and the report read only the spec, so adding a method is one file."""
 
 from __future__ import annotations
 
@@ -19,9 +19,16 @@ class Recipe:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    name: str  # the --method value
+    name: str  # the --method value: its file's name in train/methods/
     title: str  # as the paper writes it (model metadata, Xcode's model view)
     build: Callable  # (backbone, feat_dim, resolved config) -> the method's nn.Module
     paper: Recipe  # the paper's ImageNet hyper-parameters, unchanged
     small: Recipe  # the CIFAR-size benchmarks' (train/recipes.py says when each is chosen)
     views: tuple[ViewRecipe, ViewRecipe]  # the paper's two views
+    summary: Callable[[dict], list[str]]  # config.yaml's values -> its items on the report's run card
+    # PretrainConfig options that shape its modules or their optimiser groups: --resume refuses to change them
+    fixed_on_resume: tuple[str, ...] = ()
+    # options no other method reads: another method given one (non-zero) refuses it by name
+    own_options: tuple[str, ...] = ()
+    # option -> what a config.yaml written before the option existed trained with: a resumed older run keeps it
+    before_option: dict = field(default_factory=dict)

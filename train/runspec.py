@@ -78,8 +78,10 @@ def validate(cfg: PretrainConfig) -> None:
         raise PipelineError(f"lars_eta must be > 0, got {cfg.lars_eta}")
     if cfg.checkpoint_every_s < 0:
         raise PipelineError(f"checkpoint_every_s must be >= 0 (0 = every epoch), got {cfg.checkpoint_every_s}")
-    if cfg.queue_size and cfg.method != "mocov3":
-        raise PipelineError(f"queue_size is a MoCo v3 option; method is {cfg.method}")
+    for other in METHODS.values():
+        for key in other.own_options:
+            if other.name != cfg.method and getattr(cfg, key):
+                raise PipelineError(f"{key} is a {other.title} option; method is {cfg.method}")
 
 
 def store_size_for(cfg: PretrainConfig) -> int:
@@ -103,12 +105,14 @@ def build_model(cfg: PretrainConfig) -> tuple[torch.nn.Module, int]:
     return METHODS[cfg.method].build(backbone, feat_dim, cfg), feat_dim
 
 
-# What a config.yaml written before these options existed trained with, per method that has the option: a resumed
-# older run keeps it, whatever its recipe says now (BYOL's and MoCo v3's small recipes now crop from 25 %; every run
-# before --crop-min-scale cropped from the papers' 8 %). Evaluation and export read config.yaml as written, where None
-# means the same.
-BEFORE_THE_OPTION = {"proj_last_bn": {"byol": "off"}, "pred_lr": {"byol": 1.0, "mocov3": 1.0},
-                     "crop_min_scale": dict.fromkeys(METHODS, 0.08)}
+# What --resume may not change, besides each method's own (MethodSpec.fixed_on_resume): what decides the backbone,
+# the split, the draws and the batch.
+FIXED_ON_RESUME = ("method", "recipe", "backbone", "image_size", "small_stem", "data", "batch_size", "seed", "val_fraction")
+
+
+def fixed_on_resume() -> tuple[str, ...]:
+    """Every option a resume refuses to change: the run's own, then every method's (another method's are None)."""
+    return tuple(dict.fromkeys([*FIXED_ON_RESUME, *(key for spec in METHODS.values() for key in spec.fixed_on_resume)]))
 
 
 def check_out(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -145,14 +149,14 @@ def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool, ov
             raise PipelineError(f"--resume: no checkpoint at {run_dir / rundir.LAST_CHECKPOINT}")
         cfg = load_config(PretrainConfig, config_file or saved, overrides)
         old = load_config(PretrainConfig, saved)
-        for key, per_method in BEFORE_THE_OPTION.items():  # a run from before the option trained as it says
-            if getattr(old, key) is None and old.method in per_method:
-                meant = per_method[old.method]
+        # A config.yaml written before an option existed trained with what the method's spec says (before_option),
+        # whatever its recipe says now; evaluation and export read config.yaml as written, where None means the same.
+        for key, meant in METHODS[old.method].before_option.items():
+            if getattr(old, key) is None:
                 old = dataclasses.replace(old, **{key: meant})
                 if getattr(cfg, key) is None:  # a flag or a --config value is kept, and refused below if it differs
                     cfg = dataclasses.replace(cfg, **{key: meant})
-        for key in ("method", "recipe", "backbone", "image_size", "small_stem", "data", "batch_size", "seed", "proj_dim",
-                    "proj_hidden_dim", "pred_hidden_dim", "queue_size", "val_fraction", "proj_last_bn", "pred_lr"):
+        for key in fixed_on_resume():
             if getattr(cfg, key) is not None and getattr(old, key) is not None and getattr(cfg, key) != getattr(old, key):
                 raise PipelineError(f"--resume: `{key}` is {getattr(old, key)!r} in {saved}, cannot change it to {getattr(cfg, key)!r}")
     else:

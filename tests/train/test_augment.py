@@ -4,6 +4,7 @@ import torch
 import torchvision.transforms.v2.functional as TF
 
 from train import augment
+from train.methods import METHODS
 
 
 def test_views_depend_only_on_seed_epoch_index():
@@ -135,8 +136,8 @@ def _levels(im: Image.Image) -> torch.Tensor:
     return a.permute(2, 0, 1) if a.dim() == 3 else a[None]
 
 
-@pytest.mark.parametrize("recipe,src", [(augment.ViewRecipe(), 40), (augment.RECIPES["simclr"][0], 256),
-                                        (augment.RECIPES["byol"][1], 9), (augment.ViewRecipe(crop_scale=(0.9, 1)), 3),
+@pytest.mark.parametrize("recipe,src", [(augment.ViewRecipe(), 40), (METHODS["simclr"].views[0], 256),
+                                        (METHODS["byol"].views[1], 9), (augment.ViewRecipe(crop_scale=(0.9, 1)), 3),
                                         (augment.ViewRecipe(crop_scale=(0.7, 1), crop_ratio=(0.1, 10)), 8),
                                         (augment.ViewRecipe(crop_scale=(0.01, 0.2), crop_ratio=(0.2, 5)), 3)])
 def test_sample_row_draws_what_sample_params_draws(recipe, src):

@@ -19,6 +19,7 @@ from export import mil_eval
 from pipeline import cli
 from core.errors import PipelineError
 from train import augment, preprocess
+from train.methods import METHODS
 from stages import bench
 from tests.stages.test_pretrain import PIN_RTOL, PIN_RUN, PINNED, _losses
 from tests.tiny_run import pretrain_tiny
@@ -89,7 +90,7 @@ def test_coreml_views_match_torch_views(coreml_by_evaluator, cache_root):
     same parameters through both backends."""
     backend, note = preprocess.for_training("auto", "cpu", SIZE, cache_root)
     assert isinstance(backend, preprocess.CoreMLPreprocess) and note == "coreml (auto: Core ML can run here)"
-    recipe = augment.ViewRecipe(**{**augment.RECIPES["simclr"][0].__dict__, "jitter_p": 1.0, "gray_p": 0.3, "blur_p": 1.0})
+    recipe = augment.ViewRecipe(**{**METHODS["simclr"].views[0].__dict__, "jitter_p": 1.0, "gray_p": 0.3, "blur_p": 1.0})
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (10, 3, STORE, STORE), dtype=torch.uint8, generator=g)
     p = augment.sample_params(len(images), recipe, STORE, np.random.default_rng(int(torch.randint(1 << 31, (1,), generator=g))))

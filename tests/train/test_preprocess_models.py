@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from core import coreml_runtime
 from export import mil_eval
 from train import preprocess_models as models
+from train.methods import METHODS
 from core.errors import PipelineError
 from train import augment
 from train.preprocess import TORCH_PREPROCESS
@@ -50,7 +51,7 @@ def built(tmp_path_factory):
 
 def _draw(name: str, g: torch.Generator) -> tuple[dict, torch.Tensor]:
     """One random case: (model feeds, the torch backend's output for the same image and factors)."""
-    recipe = augment.RECIPES["simclr"][0]  # the widest jitter factors of any recipe
+    recipe = METHODS["simclr"].views[0]  # the widest jitter factors of any recipe
     x = torch.rand(3, SIZE, SIZE, generator=g)
     if name == "grayscale":
         return {"image": x[None]}, TORCH_PREPROCESS.grayscale(x)

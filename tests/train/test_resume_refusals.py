@@ -10,7 +10,8 @@ from PIL import Image
 from core import rundir
 from core.errors import PipelineError
 from stages import pretrain
-from train.runspec import BEFORE_THE_OPTION, config_for_run
+from train.methods import METHODS
+from train.runspec import config_for_run
 from tests.tiny_run import pretrain_tiny
 
 REFUSED = [  # field, the run's value, a changed one
@@ -107,7 +108,7 @@ def test_a_byol_run_from_before_its_new_options_resumes_as_it_trained(tmp_path):
     out = tmp_path / "run"
     _run_from_before_the_options(out, "byol", proj_last_bn="off", pred_lr=1.0)
     for key, new in (("proj_last_bn", "on"), ("pred_lr", 10.0)):  # refused against what the old run meant
-        with pytest.raises(PipelineError, match=f"--resume: `{key}` is {BEFORE_THE_OPTION[key]['byol']!r}"):
+        with pytest.raises(PipelineError, match=f"--resume: `{key}` is {METHODS['byol'].before_option[key]!r}"):
             config_for_run(None, {key: new}, out, resume=True)
     assert config_for_run(None, {"crop_min_scale": 0.5}, out, resume=True).crop_min_scale == 0.5
     other = tmp_path / "other.yaml"  # a --config file's values count as flags do, not as the old run's

@@ -45,6 +45,11 @@ class BYOL(nn.Module):
         ema_update(self.target_projector, self.projector, self.momentum)
 
 
+def summary(c: dict) -> list[str]:
+    return [f"target momentum {c.get('momentum_base')} → 1"] + (
+        ["BN on the projector's output"] if c.get("proj_last_bn") == "on" else [])
+
+
 # The paper's asymmetric views (Grill et al. 2020, Table 6): blur always on view 1, solarize on view 2.
 VIEWS = (ViewRecipe(blur_p=1.0, solarize_p=0.0), ViewRecipe(blur_p=0.1, solarize_p=0.2))
 
@@ -75,4 +80,9 @@ SPEC = MethodSpec(
                "project's loss units (lr / 4, wd x 4), solo-learn's CIFAR views; BN on the projector's output and "
                "the predictor at 10x the rate, EMA from 0.9, crops from 25 %, measured here"),
     views=VIEWS,
+    summary=summary,
+    fixed_on_resume=("proj_dim", "proj_hidden_dim", "pred_hidden_dim", "proj_last_bn", "pred_lr"),
+    # runs from before these options: no BN on the projector's output, the predictor at the backbone's rate, crops
+    # from the paper's 8 % (the small recipe now sets all three otherwise)
+    before_option={"proj_last_bn": "off", "pred_lr": 1.0, "crop_min_scale": 0.08},
 )

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.views import ViewRecipe
 from train import distributed
 from train.backbones import freeze_patch_projection
-from train.methods import byol
 from train.heads import at_least_fp32, cosine_momentum, ema_update, frozen_copy, mlp, online_and_momentum
 from train.method_spec import MethodSpec, Recipe
 
@@ -103,6 +103,14 @@ class MoCoV3(nn.Module):
         ema_update(self.momentum_projector, self.projector, self.momentum)
 
 
+def summary(c: dict) -> list[str]:
+    return [f"temperature {c.get('temperature')}", f"momentum {c.get('momentum_base')} → 1", f"queue {c.get('queue_size')}"]
+
+
+# The paper trains with BYOL's augmentation (Chen, Xie, He 2021, Sec. 5; Grill et al. 2020, Table 6): blur always on
+# view 1, solarize on view 2. Written out here rather than imported, so that no method file depends on another.
+VIEWS = (ViewRecipe(blur_p=1.0, solarize_p=0.0), ViewRecipe(blur_p=0.1, solarize_p=0.2))
+
 # The small recipe: solo-learn's CIFAR recipe (scripts/pretrain/cifar/mocov3.yaml: temperature 0.2, heads 4096 -> 256,
 # asymmetric views without blur), with lightly's CIFAR optimiser (SGD, wd 5e-4) instead of LARS at trust 0.02; lr 0.3
 # per 256 is lightly's MoCo step in this loss's units (train/recipes.py's docstring). SGD, wd 5e-4 and temperature
@@ -118,5 +126,9 @@ SPEC = MethodSpec(
         views=dict(crop_scale=(0.25, 1.0)),
         source="solo-learn's CIFAR MoCo v3 (temperature 0.2, 4096 -> 256 heads) with lightly's CIFAR SGD (wd 5e-4, "
                "lr 0.3 = its MoCo step in this loss's units); EMA from 0.9 and crops from 25 %, measured here"),
-    views=byol.VIEWS,  # the paper trains with BYOL's augmentation
+    views=VIEWS,
+    summary=summary,
+    fixed_on_resume=("proj_dim", "proj_hidden_dim", "pred_hidden_dim", "queue_size", "pred_lr"),
+    own_options=("queue_size",),
+    before_option={"pred_lr": 1.0, "crop_min_scale": 0.08},  # runs from before these options: the papers' values
 )

@@ -58,6 +58,10 @@ class SimCLR(nn.Module):
         pass
 
 
+def summary(c: dict) -> list[str]:
+    return [f"temperature {c.get('temperature')}"]
+
+
 # The paper's views (Chen et al. 2020, App. A): colour-jitter strength 1.0 -> (0.8, 0.8, 0.8, 0.2), blur on half the
 # views; both views alike.
 VIEW = ViewRecipe(brightness=0.8, contrast=0.8, saturation=0.8, hue=0.2, blur_p=0.5)
@@ -76,4 +80,7 @@ SPEC = MethodSpec(
         source="lightly's CIFAR-10 SimCLR benchmark (SGD lr 0.06 x batch/128, wd 5e-4, T 0.5, 512-wide head, "
                "jitter strength 0.5)"),
     views=(VIEW, VIEW),
+    summary=summary,
+    fixed_on_resume=("proj_dim", "proj_hidden_dim"),
+    before_option={"crop_min_scale": 0.08},  # every run before --crop-min-scale cropped from the paper's 8 %
 )
