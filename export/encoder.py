@@ -17,6 +17,10 @@ from train.backbones import build_from_args
 
 INPUT_NAME = "image"  # every artifact's input: float/uint8 RGB image, 0..255, N x 3 x S x S
 OUTPUT_NAME = "embedding"  # every artifact's output: float32, N x D
+# The ML Program ops of the encoder around its backbone: the normalisation (the converter folds it into a
+# batch_norm), the fp16-safe L2 (max-abs scaling, then the norm) and the fp16 program's casts; a backbone's own are
+# its row's export_ops (train/backbones.py). No const: a const is a value the evaluator reads, not an op it runs.
+ENCODER_OPS = ("cast", "batch_norm", "abs", "reduce_max", "maximum", "real_div", "mul", "add", "reduce_sum", "rsqrt")
 
 
 class Encoder(nn.Module):

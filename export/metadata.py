@@ -17,8 +17,6 @@ from core import __version__, rundir
 from train.backbones import BACKBONES
 from train.methods import METHODS
 
-BACKBONE_NAMES = {name: row.title for name, row in BACKBONES.items()}  # as the papers write them
-
 
 def linear_eval_scores(run_dir: Path, step: int | None, say=print, checkpoint_id: str | None = None) -> dict[str, float]:
     """top-1 scores of eval/linear.json, only when it measured this checkpoint (same step and checkpoint id, the
@@ -50,7 +48,7 @@ def build_metadata(run_dir: Path, state: dict, trace_info: dict, author: str, li
         "license": license_,
         "version": version or f"{__version__}+{run_id}.e{epochs}",
         "description": description or (
-            f"{METHODS[method].title if method in METHODS else method} {BACKBONE_NAMES.get(backbone, backbone)} image encoder: RGB "
+            f"{METHODS[method].title if method in METHODS else method} {BACKBONES[backbone].title if backbone in BACKBONES else backbone} image encoder: RGB "
             f"{size}x{size} image -> {dim}-d {'L2-normalised ' if l2 else ''}embedding"),
         "method": method,
         "backbone": backbone,

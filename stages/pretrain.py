@@ -32,11 +32,10 @@ from core.device import precision_for, select_device
 from core.errors import PipelineError
 from train import distributed, preprocess, recipes
 from core import provenance
-from train.backbones import uses_small_stem
 from train.configs import PretrainConfig
 from train.data import ImageData, load_data, make_split
 from train.data_spec import files, named
-from train.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, store_size_for, validate
+from train.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, small_stem, store_size_for, validate
 from train.training import (StopRequest, Training, augment_mode, build_training, default_workers, fp32_backbone, keep_on_device, rng_state, set_rng_state, train_step, view_batches)
 from core.views import MEAN, STD
 
@@ -201,7 +200,7 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
         rundir.write_text_atomic(run_dir / rundir.CONFIG, config_header(cfg, world, recipe_why)
                                  + yaml.safe_dump(to_dict(cfg), sort_keys=False))
     meta = {"method": cfg.method, "backbone": cfg.backbone, "feat_dim": feat_dim, "image_size": cfg.image_size,
-            "small_stem": uses_small_stem(cfg.small_stem, cfg.image_size), "mean": list(MEAN), "std": list(STD),
+            "small_stem": small_stem(cfg), "mean": list(MEAN), "std": list(STD),
             "steps_per_epoch": steps_per_epoch, "total_steps": training.total_steps, "peak_lr": peak_lr(cfg),
             "pipeline_version": __version__, "world_size": world, "per_process_batch": cfg.batch_size // world,
             "global_batch": cfg.batch_size, "lr_scaling": cfg.lr_scaling, "device": str(device),

@@ -20,14 +20,12 @@ from core import __version__, rundir
 from core.errors import PipelineError
 from core.rundir import encoder_path
 from core import provenance
-from train.backbones import backbone_args, build_from_args, check_image_size, uses_small_stem
+from train.backbones import build_from_args, check_image_size
 from train.configs import PretrainConfig
 from export.configs import StripConfig
-from train.runspec import build_model, read_run
+from train.runspec import backbone_args, build_model, read_run, small_stem
 from core.views import MEAN, STD
 
-def run_backbone_args(cfg: PretrainConfig) -> dict:
-    return backbone_args(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size), cfg.image_size)
 
 
 def _load_strict(model: torch.nn.Module, weights: dict, ckpt_path: Path, cfg: PretrainConfig) -> None:
@@ -51,7 +49,7 @@ def strip_projection_head(model: torch.nn.Module, cfg: PretrainConfig) -> tuple[
     `model.backbone` (see train/methods), so the backbone's own state dict is exactly what ships."""
     full = model.state_dict()
     kept = {k: v.detach().clone() for k, v in model.backbone.state_dict().items()}
-    reference, _ = build_from_args(cfg.backbone, run_backbone_args(cfg))
+    reference, _ = build_from_args(cfg.backbone, backbone_args(cfg))
     if set(kept) != set(reference.state_dict()):
         raise PipelineError(f"stripped state of {cfg.backbone} has keys a fresh {cfg.backbone} lacks: not stripped cleanly")
     dropped = sorted(k for k in full if not k.startswith("backbone."))
@@ -63,7 +61,7 @@ def strip_projection_head(model: torch.nn.Module, cfg: PretrainConfig) -> tuple[
 
 def prove_strip(model: torch.nn.Module, kept: dict, cfg: PretrainConfig, feat_dim: int, batch: int, seed: int) -> dict:
     """Rebuild a bare backbone from the stripped state and compare with the full model's backbone, bit for bit."""
-    stripped, _ = build_from_args(cfg.backbone, run_backbone_args(cfg))
+    stripped, _ = build_from_args(cfg.backbone, backbone_args(cfg))
     stripped.load_state_dict(kept, strict=True)
     stripped.eval()
     model.eval()
@@ -104,7 +102,7 @@ def run(cfg: StripConfig, run_dir: Path, say=print) -> dict:
     pcfg = read_run(run_dir, ckpt)
     if warning := provenance.unfinished(ckpt, run_dir):
         say(warning)
-    small = uses_small_stem(pcfg.small_stem, pcfg.image_size)
+    small = small_stem(pcfg)
     try:
         check_image_size(pcfg.backbone, small, pcfg.image_size)
     except PipelineError as e:
@@ -115,7 +113,7 @@ def run(cfg: StripConfig, run_dir: Path, say=print) -> dict:
     proof = prove_strip(model, kept, pcfg, feat_dim, cfg.proof_batch, cfg.seed)
     meta = ckpt.get(rundir.CKPT_META) or {}
     state = {
-        "state_dict": kept, "backbone": pcfg.backbone, "backbone_args": run_backbone_args(pcfg), "small_stem": small,
+        "state_dict": kept, "backbone": pcfg.backbone, "backbone_args": backbone_args(pcfg), "small_stem": small,
         "feat_dim": feat_dim,
         "image_size": pcfg.image_size, "mean": list(meta.get("mean", MEAN)), "std": list(meta.get("std", STD)),
         "l2_normalize": cfg.l2_normalize,

@@ -1,8 +1,10 @@
 """The backbones: torchvision networks, randomly initialised (weights=None, never a download), each returning
 pooled features (its classifier replaced by Identity), with a rule for small images.
 
-One row per backbone in BACKBONES holds what the rest of the pipeline needs to know about it: its builder, feature
-dimension, family, what the small stem changes and the smallest image it takes. `backbone_args` turns a run's
+One row per backbone in BACKBONES holds everything the pipeline knows about it: its builder, feature dimension,
+family, title, what the small stem changes, the smallest image side with either stem, and the ops its ML Program
+holds (the reference evaluator must run them: tests/train/test_backbone_table.py). The table is torch-free (a
+builder imports torchvision when it runs), so the CLI's --backbone choices come from it before torch loads. `backbone_args` turns a run's
 choice (small stem or not, image size) into the builder's arguments; encoder.pt stores exactly those, so strip,
 trace and export rebuild the network that trained even if a rule here changes later.
 
@@ -24,10 +26,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-import torch
-import torchvision
-from torch import nn
-
 from core.errors import PipelineError
 
 SMALL_STEM_MAX_SIZE = 64  # at or below this, the ImageNet stem (stride 4 before the first stage) throws away most pixels
@@ -35,8 +33,11 @@ VIT_PATCH = 16  # the patch of every torchvision ViT named *_16
 VIT_SMALL_PATCH = 4
 
 
-def _resnet(ctor, small_stem: bool) -> nn.Module:
-    net = ctor(weights=None)
+def _resnet(name: str, small_stem: bool) -> nn.Module:
+    from torch import nn
+    import torchvision
+
+    net = getattr(torchvision.models, name)(weights=None)
     if small_stem:
         net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
@@ -45,21 +46,27 @@ def _resnet(ctor, small_stem: bool) -> nn.Module:
     return net
 
 
-def _mobile(ctor, small_stem: bool) -> nn.Module:
+def _mobile(name: str, small_stem: bool) -> nn.Module:
     """MobileNetV3 and EfficientNet: features -> avgpool -> classifier. The classifier goes whole (MobileNetV3's
     first Linear + Hardswish is a head, not part of the feature extractor), so the features are the pooled last
     stage: 576 (V3-Small), 960 (V3-Large), 1280 (EfficientNet-B0)."""
-    net = ctor(weights=None)
+    from torch import nn
+    import torchvision
+
+    net = getattr(torchvision.models, name)(weights=None)
     if small_stem:
         net.features[0][0].stride = (1, 1)  # same weights and init; only the first downsampling goes
     net.classifier = nn.Identity()
     return net
 
 
-def _convnext(ctor, small_stem: bool) -> nn.Module:
+def _convnext(name: str, small_stem: bool) -> nn.Module:
     """The classifier is LayerNorm2d, Flatten, Linear: only the Linear goes, the pooled features stay normalised
     (as timm's pre-logits)."""
-    net = ctor(weights=None)
+    from torch import nn
+    import torchvision
+
+    net = getattr(torchvision.models, name)(weights=None)
     if small_stem:
         old = net.features[0][0]
         stem = nn.Conv2d(3, old.out_channels, kernel_size=2, stride=2)
@@ -74,10 +81,23 @@ def _vit(hidden_dim: int, heads: int, depth: int, mlp_dim: int, image_size: int,
     """torchvision's VisionTransformer at these sizes; features = the final LayerNorm's class token. Attention is
     nn.MultiheadAttention called with need_weights=False, which trains through F.scaled_dot_product_attention (its
     non-fast path; the fast path is inference only), so CUDA picks a fused kernel (tests/train/test_backbones.py)."""
+    from torch import nn
+    import torchvision
+
     net = torchvision.models.VisionTransformer(image_size=image_size, patch_size=patch_size, num_layers=depth,
                                                num_heads=heads, hidden_dim=hidden_dim, mlp_dim=mlp_dim)
     net.heads = nn.Identity()
     return net
+
+
+# The MIL ops each family's ML Program holds (listed from converted programs of both stems, fp16 and fp32);
+# hard-swish lowers to sigmoid_hard and thresholded_relu, SiLU's squeeze-excite gate to sigmoid
+RESNET_OPS = ("conv", "batch_norm", "relu", "max_pool", "add", "reduce_mean", "reshape")
+MOBILENET_OPS = ("conv", "batch_norm", "relu", "sigmoid_hard", "thresholded_relu", "mul", "add", "reduce_mean", "reshape")
+EFFICIENTNET_OPS = ("conv", "batch_norm", "silu", "sigmoid", "mul", "add", "reduce_mean", "reshape")
+CONVNEXT_OPS = ("conv", "layer_norm", "linear", "gelu", "transpose", "mul", "add", "reduce_mean", "reshape")
+VIT_OPS = ("conv", "reshape", "transpose", "concat", "expand_dims", "slice_by_index", "squeeze", "layer_norm", "linear",
+           "matmul", "softmax", "gelu", "mul", "add")
 
 
 @dataclass(frozen=True)
@@ -88,30 +108,31 @@ class Backbone:
     title: str  # as its paper writes it (model metadata)
     small_rule: str  # what the small stem changes, one line
     stride: tuple[int, int]  # total stride with the ImageNet stem, with the small one: the smallest image side
+    export_ops: tuple[str, ...]  # MIL op types its ML Program holds besides the encoder's (export/encoder.ENCODER_OPS)
 
 
 BACKBONES: dict[str, Backbone] = {
-    "resnet18": Backbone(partial(_resnet, torchvision.models.resnet18), 512, "resnet", "ResNet-18",
-                         "3x3 stride-1 stem, no max-pool", (32, 8)),
-    "resnet34": Backbone(partial(_resnet, torchvision.models.resnet34), 512, "resnet", "ResNet-34",
-                         "3x3 stride-1 stem, no max-pool", (32, 8)),
-    "resnet50": Backbone(partial(_resnet, torchvision.models.resnet50), 2048, "resnet", "ResNet-50",
-                         "3x3 stride-1 stem, no max-pool", (32, 8)),
-    "mobilenet_v3_small": Backbone(partial(_mobile, torchvision.models.mobilenet_v3_small), 576, "mobilenet",
-                                   "MobileNetV3-Small", "first conv at stride 1", (32, 16)),
-    "mobilenet_v3_large": Backbone(partial(_mobile, torchvision.models.mobilenet_v3_large), 960, "mobilenet",
-                                   "MobileNetV3-Large", "first conv at stride 1", (32, 16)),
-    "efficientnet_b0": Backbone(partial(_mobile, torchvision.models.efficientnet_b0), 1280, "efficientnet",
-                                "EfficientNet-B0", "first conv at stride 1", (32, 16)),
-    "convnext_tiny": Backbone(partial(_convnext, torchvision.models.convnext_tiny), 768, "convnext", "ConvNeXt-T",
-                              "2x2 stride-2 patchify stem instead of 4x4 stride 4", (32, 16)),
+    "resnet18": Backbone(partial(_resnet, "resnet18"), 512, "resnet", "ResNet-18",
+                         "3x3 stride-1 stem, no max-pool", (32, 8), RESNET_OPS),
+    "resnet34": Backbone(partial(_resnet, "resnet34"), 512, "resnet", "ResNet-34",
+                         "3x3 stride-1 stem, no max-pool", (32, 8), RESNET_OPS),
+    "resnet50": Backbone(partial(_resnet, "resnet50"), 2048, "resnet", "ResNet-50",
+                         "3x3 stride-1 stem, no max-pool", (32, 8), RESNET_OPS),
+    "mobilenet_v3_small": Backbone(partial(_mobile, "mobilenet_v3_small"), 576, "mobilenet",
+                                   "MobileNetV3-Small", "first conv at stride 1", (32, 16), MOBILENET_OPS),
+    "mobilenet_v3_large": Backbone(partial(_mobile, "mobilenet_v3_large"), 960, "mobilenet",
+                                   "MobileNetV3-Large", "first conv at stride 1", (32, 16), MOBILENET_OPS),
+    "efficientnet_b0": Backbone(partial(_mobile, "efficientnet_b0"), 1280, "efficientnet",
+                                "EfficientNet-B0", "first conv at stride 1", (32, 16), EFFICIENTNET_OPS),
+    "convnext_tiny": Backbone(partial(_convnext, "convnext_tiny"), 768, "convnext", "ConvNeXt-T",
+                              "2x2 stride-2 patchify stem instead of 4x4 stride 4", (32, 16), CONVNEXT_OPS),
     # ViT-B/16 as torchvision's vit_b_16; ViT-S and ViT-Ti at DeiT's sizes (Touvron et al. 2021, Table 1)
     "vit_b_16": Backbone(partial(_vit, 768, 12, 12, 3072), 768, "vit", "ViT-B/16",
-                         f"patch {VIT_SMALL_PATCH} instead of {VIT_PATCH}", (VIT_PATCH, VIT_SMALL_PATCH)),
+                         f"patch {VIT_SMALL_PATCH} instead of {VIT_PATCH}", (VIT_PATCH, VIT_SMALL_PATCH), VIT_OPS),
     "vit_s_16": Backbone(partial(_vit, 384, 6, 12, 1536), 384, "vit", "ViT-S/16",
-                         f"patch {VIT_SMALL_PATCH} instead of {VIT_PATCH}", (VIT_PATCH, VIT_SMALL_PATCH)),
+                         f"patch {VIT_SMALL_PATCH} instead of {VIT_PATCH}", (VIT_PATCH, VIT_SMALL_PATCH), VIT_OPS),
     "vit_t_16": Backbone(partial(_vit, 192, 3, 12, 768), 192, "vit", "ViT-Ti/16",
-                         f"patch {VIT_SMALL_PATCH} instead of {VIT_PATCH}", (VIT_PATCH, VIT_SMALL_PATCH)),
+                         f"patch {VIT_SMALL_PATCH} instead of {VIT_PATCH}", (VIT_PATCH, VIT_SMALL_PATCH), VIT_OPS),
 }
 
 
@@ -170,6 +191,8 @@ def build_backbone(name: str, small_stem: bool, image_size: int | None = None) -
 def freeze_patch_projection(backbone: nn.Module) -> list[str]:
     """MoCo v3's trick for ViTs (Chen, Xie, He 2021, Sec. 4, "a trick for improving stability"): the patch embedding keeps
     its random init and never trains, which removed the training instability it studies. The names frozen."""
+    import torchvision
+
     if not isinstance(backbone, torchvision.models.VisionTransformer):
         return []
     for p in backbone.conv_proj.parameters():

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 from core.config import opt
 from train import methods
+from train.backbones import BACKBONES
 
-BACKBONE_NAMES = ("resnet18", "resnet34", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0",
-                  "convnext_tiny", "vit_b_16", "vit_s_16", "vit_t_16")  # = tuple(train.backbones.BACKBONES)
 AUGMENT_MODES = ("auto", "cpu", "device")  # where views are made (train.augment.augment_mode)
 PREPROCESS_CHOICES = ("auto", "torch", "coreml")  # per-image preprocessing backend (train.preprocess)
 RECIPE_CHOICES = ("auto", "small", "paper")  # hyper-parameter sets by scale (train.recipes)
@@ -38,7 +37,7 @@ class PretrainConfig:
     method: str = opt("simclr", "SSL method", choices=methods.names())
     recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD; train/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100,000 train images, >= 30,000 steps, >= 65 px), else small. A flag or --config value always wins", choices=RECIPE_CHOICES)
     data: str = opt("digits", "data SPEC: digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
-    backbone: str = opt("resnet18", "torchvision network, random init, its classifier removed (ViT-S/Ti: DeiT's sizes)", choices=BACKBONE_NAMES)
+    backbone: str = opt("resnet18", "torchvision network, random init, its classifier removed (ViT-S/Ti: DeiT's sizes)", choices=tuple(BACKBONES))
     small_stem: str = opt("auto", "keep small images' pixels: ResNet 3x3 stride-1 stem without max-pool; MobileNetV3/EfficientNet first conv at stride 1; ConvNeXt 2x2 stride-2 stem; ViT patch 4 (the side a multiple of it); auto = on for images <= 64 px", choices=("auto", "on", "off"))
     image_size: int = opt(32, "training crop side in pixels; 32 = CIFAR's, where the small recipes were measured. On a "
                               "CPU it is slow: ~15 s of CPU time per step of 128 (2 free cores: the default 120 steps "

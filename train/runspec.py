@@ -20,7 +20,7 @@ from core import rundir
 from core.config import load_config, to_dict
 from core.errors import PipelineError
 from train import recipes
-from train.backbones import build_backbone, check_image_size, uses_small_stem
+from train import backbones
 from train.configs import PretrainConfig
 from train.data import ImageData, count_train_images
 from train.data import store_size_for as data_store_size
@@ -67,7 +67,7 @@ def validate(cfg: PretrainConfig) -> None:
         if value is not None and not ((lo <= value if lo_ok else lo < value) and value <= hi):
             bound = f"{'>=' if lo_ok else '>'} {lo:g}" + (f" and <= {hi:g}" if hi < math.inf else "")
             raise PipelineError(f"`{key}` must be {bound}, got {value!r}")
-    check_image_size(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size), cfg.image_size)
+    backbones.check_image_size(cfg.backbone, small_stem(cfg), cfg.image_size)
     if cfg.batch_size < 2:
         raise PipelineError(f"batch size must be at least 2 (contrastive losses need negatives), got {cfg.batch_size}")
     if cfg.epochs < 1:
@@ -99,9 +99,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def small_stem(cfg: PretrainConfig) -> bool:
+    """Whether the run's backbone has the small stem: --small-stem auto|on|off against the image size, decided here
+    and nowhere else."""
+    return backbones.uses_small_stem(cfg.small_stem, cfg.image_size)
+
+
+def backbone_args(cfg: PretrainConfig) -> dict:
+    """The run's backbone builder arguments (what encoder.pt records)."""
+    return backbones.backbone_args(cfg.backbone, small_stem(cfg), cfg.image_size)
+
+
 def build_model(cfg: PretrainConfig) -> tuple[torch.nn.Module, int]:
     """The method's module around a fresh backbone; later stages rebuild it from the stored config."""
-    backbone, feat_dim = build_backbone(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size), cfg.image_size)
+    backbone, feat_dim = backbones.build_from_args(cfg.backbone, backbone_args(cfg))
     return METHODS[cfg.method].build(backbone, feat_dim, cfg), feat_dim
 
 

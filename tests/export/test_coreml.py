@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from export.coreml import program_ops
+from export.encoder import ENCODER_OPS
 from export.metadata import as_strings
 from core import __version__, rundir
 from stages.export import ExportConfig, SIDECAR, artifact_digest
@@ -19,6 +20,7 @@ from stages.strip import run as strip
 from stages.trace import TraceConfig
 from stages.trace import run as trace
 from tests.tiny_run import pretrain_tiny
+from train.backbones import BACKBONES
 
 logging.getLogger("coremltools").setLevel(logging.ERROR)
 ct = pytest.importorskip("coremltools")
@@ -86,6 +88,8 @@ def test_coreml_export_resnet18(tmp_path, tiny_overrides):
     check_coreml_io(spec, 16, 512)
     check_coreml_metadata(spec, sidecar, "mlpackage")
     ops = program_ops(spec)
+    # the row says what export needs (a const is a value the evaluator reads, not an op it runs)
+    assert {t for t, _, _ in ops} - {"const"} <= {*BACKBONES["resnet18"].export_ops, *ENCODER_OPS}
     dtypes = {(t, d) for t, _, d in ops}
     assert ("conv", "fp16") in dtypes and ("conv", "fp32") not in dtypes
     tail = [(t, d) for t, _, d in ops if t in ("reduce_mean", "reduce_sum", "rsqrt")]

@@ -13,7 +13,8 @@ from torch import nn
 
 from core import rundir
 from train import recipes, training
-from train.configs import BACKBONE_NAMES, PretrainConfig
+from train.backbones import BACKBONES
+from train.configs import PretrainConfig
 from train.methods import METHODS
 from train.heads import ema_update
 from train.runspec import resolve
@@ -123,7 +124,7 @@ def test_the_job_service_takes_every_backbone(tmp_path):
 
     described = describe()
     field = next(f for f in described["fields"] if f["name"] == "backbone")
-    assert tuple(field["choices"]) == BACKBONE_NAMES
+    assert tuple(field["choices"]) == tuple(BACKBONES)
     with TestClient(create_app(tmp_path / "root", described, run_jobs=False, allow_data=("synthetic:48",))) as c:
         c.headers["Authorization"] = "Bearer " + (tmp_path / "root" / "token").read_text().strip()
         for name in ("mobilenet_v3_small", "vit_t_16"):
