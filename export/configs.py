@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import opt
-from export.formats import COREML_CHOICES, TO_CHOICES
+from export import formats
 from export.targets import ML_PROGRAM_REACH, ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS, NEURALNETWORK_TARGET, ipados
 
 
@@ -31,12 +31,12 @@ class TraceConfig:
 
 @dataclass
 class ExportConfig:
-    to: str = opt("all", "which formats: coreml (.mlpackage + .mlmodel), onnx, or all", choices=TO_CHOICES)
+    to: str = opt("all", "which formats: a group of the format table (below), or all", choices=formats.to_choices())
     precision: str | None = opt(None, "None = each format's default: fp16 for Core ML (half the size, the Neural "
                                       "Engine's type), fp32 for ONNX", choices=("fp16", "fp32"))
     coreml_format: str | None = opt(None, f"None = both: the ML Program ({ipados(ML_PROGRAM_TARGET)} at the default "
                                           f"--deployment-target), the one-file NeuralNetwork for older iPads "
-                                          f"({ipados(NEURALNETWORK_TARGET)})", choices=tuple(COREML_CHOICES))
+                                          f"({ipados(NEURALNETWORK_TARGET)})", choices=tuple(formats.coreml_choices()))
     deployment_target: str | None = opt(None, f"ML Program minimum OS; None = {ML_PROGRAM_TARGET} "
                                               f"({ipados(ML_PROGRAM_TARGET)}: {ML_PROGRAM_REACH})", choices=ML_PROGRAM_TARGETS)
     opset: int | None = opt(None, "ONNX opset; None = 18, the lowest the torch.export-based exporter writes natively")

@@ -154,3 +154,23 @@ def write_mlmodel(program, path: Path, meta: dict[str, Any], precision: str, opt
     _set_metadata(model, {**meta, "format": "mlmodel", **detail})
     model.save(str(path))
     return detail
+
+
+# ---------------------------------------------------------------- checkers (the format table's, run by validate)
+# images (uint8 RGB N x 3 x S x S) -> (runtime name, N x D features, the precision the file computes in or None)
+
+def check_mlpackage(path: Path, images) -> tuple[str, np.ndarray, str | None]:
+    """The ML Program executed op by op by the reference evaluator (export/mil_eval.py)."""
+    from export import mil_eval
+
+    model = mil_eval.load_mlpackage(path)
+    return "mil-eval", mil_eval.predict_images(model, images, OUTPUT_NAME), model.precision
+
+
+def check_mlmodel(path: Path, images) -> tuple[str, np.ndarray, str | None]:
+    """The NeuralNetwork's layers run by the reference evaluator (export/nn_eval.py)."""
+    from export import nn_eval
+
+    model = nn_eval.load_mlmodel(path)
+    compute = model.default_compute
+    return f"nn-eval ({compute} activations)", nn_eval.predict_images(model, images, OUTPUT_NAME, compute), model.precision

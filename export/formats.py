@@ -1,12 +1,20 @@
-"""The format table: every export format, its `--to` group, file name, precisions and the options only it reads.
+"""The format table: every export format, one row each, owning all the pipeline knows about it: its `--to` group,
+file name, precisions, the options only it reads, its writer (`pipeline export`), its checker (`pipeline validate`'s
+runtime for it), the libraries it needs (`pipeline doctor`) and its help line. The artifact names the job service
+offers for download, the `--to` choices and the export/validate help read this table and nothing else, so adding a
+format is one row plus the module that holds its writer and checker.
 
-Argument checking reads this table and nothing else, so adding a format is one row plus its writer, and an option
-given to a format that cannot use it is refused by name instead of silently ignored (ultralytics' exporter does the
-same). A writer is `writer(program, path, meta, precision, options) -> detail dict` and must write exactly `path`.
+Argument checking reads the table too, so an option given to a format that cannot use it is refused by name instead
+of silently ignored (ultralytics' exporter does the same). A writer is `writer(program, path, meta, precision,
+options) -> detail dict` and must write exactly `path`; a checker is `checker(path, images) -> (runtime name,
+N x D features, the precision the file computes in or None)`, images uint8 RGB N x 3 x S x S. Both are named by
+module and function and imported when called: coremltools and onnxruntime take seconds to import, and the CLI
+reads this table for its flags.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -14,22 +22,14 @@ from export.targets import ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS, NEURALNETWORK_
 from core.errors import PipelineError
 
 
-def _write_mlpackage(*args, **kwargs):
-    from export.coreml import write_mlpackage  # coremltools takes seconds to import: only when converting
+def lazy(module: str, name: str) -> Callable:
+    """module.name, imported on the first call."""
 
-    return write_mlpackage(*args, **kwargs)
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
 
-
-def _write_mlmodel(*args, **kwargs):
-    from export.coreml import write_mlmodel
-
-    return write_mlmodel(*args, **kwargs)
-
-
-def _write_onnx(*args, **kwargs):
-    from export.onnx_format import write_onnx
-
-    return write_onnx(*args, **kwargs)
+    call.__qualname__ = f"{module}.{name}"
+    return call
 
 
 def minimum_os(key: str, options: dict) -> str | None:
@@ -43,26 +43,55 @@ def minimum_os(key: str, options: dict) -> str | None:
 class Format:
     key: str  # the name in encoder.json and in --coreml-format
     to: str  # the --to group that writes it
-    file: str  # in RUN/export/; an .mlpackage is a directory
-    what: str  # one line for humans
+    file: str  # in RUN/export/ (an .mlpackage is a directory); also its download name in the job service
+    what: str  # its help line
     precisions: tuple[str, ...]  # the first is the default
     options: dict[str, tuple[Any, tuple]] = field(default_factory=dict)  # option -> (default, allowed values)
     writer: Callable[..., dict] | None = None
+    checker: Callable[..., tuple] | None = None
+    libraries: tuple[str, ...] = ()  # what writing and checking it import (`pipeline doctor` lists their versions)
 
 
 FORMATS: dict[str, Format] = {
     "mlpackage": Format("mlpackage", "coreml", "encoder.mlpackage", "Core ML ML Program", ("fp16", "fp32"),
-                        {"deployment_target": (ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS)}, _write_mlpackage),
+                        {"deployment_target": (ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS)},
+                        lazy("export.coreml", "write_mlpackage"), lazy("export.coreml", "check_mlpackage"),
+                        ("coremltools",)),
     "mlmodel": Format("mlmodel", "coreml", "encoder.mlmodel", "Core ML NeuralNetwork, one file", ("fp16", "fp32"), {},
-                      _write_mlmodel),
+                      lazy("export.coreml", "write_mlmodel"), lazy("export.coreml", "check_mlmodel"), ("coremltools",)),
     "onnx": Format("onnx", "onnx", "encoder.onnx", "ONNX, one file, dynamic batch",
-                   ("fp32",), {"opset": (18, (18, 19, 20, 21))}, _write_onnx),  # 17: the torch.export exporter
-    # writes 18 and cannot down-convert (its version converter fails on the Reduce ops)
+                   ("fp32",), {"opset": (18, (18, 19, 20, 21))},  # 17: the torch.export exporter writes 18 and
+                   lazy("export.onnx_format", "write_onnx"),  # cannot down-convert (its converter fails on the Reduce ops)
+                   lazy("export.onnx_format", "check_onnx"), ("onnx", "onnxruntime")),
 }
-TO_CHOICES = ("coreml", "onnx", "all")
-COREML_FORMATS = tuple(key for key, f in FORMATS.items() if f.to == "coreml")  # the Core ML files
-COREML_CHOICES = {**{key: (key,) for key in COREML_FORMATS}, "both": COREML_FORMATS}  # --coreml-format -> formats
-OPTION_NAMES = tuple(sorted({name for f in FORMATS.values() for name in f.options}))
+COREML = "coreml"  # the --to group of the Core ML files: --coreml-format picks among them, the real runtime runs them
+
+
+def to_choices() -> tuple[str, ...]:
+    """--to's values: each group of the table, then all."""
+    return (*dict.fromkeys(f.to for f in FORMATS.values()), "all")
+
+
+def coreml_formats() -> tuple[str, ...]:
+    return tuple(key for key, f in FORMATS.items() if f.to == COREML)
+
+
+def coreml_choices() -> dict[str, tuple[str, ...]]:
+    """--coreml-format -> the Core ML files it writes."""
+    return {**{key: (key,) for key in coreml_formats()}, "both": coreml_formats()}
+
+
+def option_names() -> tuple[str, ...]:
+    return tuple(sorted({name for f in FORMATS.values() for name in f.options}))
+
+
+def libraries() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(lib for f in FORMATS.values() for lib in f.libraries))
+
+
+def summary() -> str:
+    """The formats in one line: `ML Program (.mlpackage), ...` for the commands' help."""
+    return ", ".join(f"{f.key} ({f.file})" for f in FORMATS.values())
 
 
 def _flag(name: str) -> str:
@@ -72,16 +101,16 @@ def _flag(name: str) -> str:
 def select_formats(to: str, coreml_format: str | None, precision: str | None, options: dict[str, Any]) -> list[tuple[Format, str, dict]]:
     """[(format, precision, its options)] for a request, or a one-line error for an impossible combination.
     `None` means "not given": each format then uses its own default from the table."""
-    if to not in TO_CHOICES:
-        raise PipelineError(f"--to {to!r}: unknown format; use one of {', '.join(TO_CHOICES)}")
-    if coreml_format is not None and coreml_format not in COREML_CHOICES:
-        raise PipelineError(f"--coreml-format {coreml_format!r}: use one of {', '.join(COREML_CHOICES)}")
-    if coreml_format is not None and to == "onnx":
-        raise PipelineError(f"--coreml-format {coreml_format} needs --to coreml or --to all (--to onnx writes no Core ML)")
-    coreml_keys = COREML_CHOICES[coreml_format or "both"]
-    chosen = [f for f in FORMATS.values() if to in (f.to, "all") and (f.to != "coreml" or f.key in coreml_keys)]
+    if to not in to_choices():
+        raise PipelineError(f"--to {to!r}: unknown format; use one of {', '.join(to_choices())}")
+    if coreml_format is not None and coreml_format not in coreml_choices():
+        raise PipelineError(f"--coreml-format {coreml_format!r}: use one of {', '.join(coreml_choices())}")
+    if coreml_format is not None and to not in (COREML, "all"):
+        raise PipelineError(f"--coreml-format {coreml_format} needs --to coreml or --to all (--to {to} writes no Core ML)")
+    coreml_keys = coreml_choices()[coreml_format or "both"]
+    chosen = [f for f in FORMATS.values() if to in (f.to, "all") and (f.to != COREML or f.key in coreml_keys)]
     for name, value in options.items():
-        if name not in OPTION_NAMES:
+        if name not in option_names():
             raise PipelineError(f"unknown export option {_flag(name)}")
         if value is None:
             continue

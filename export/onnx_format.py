@@ -108,3 +108,26 @@ def write_onnx(program, path: Path, meta: dict[str, Any], precision: str, option
     if diff > TOLERANCE:
         raise PipelineError(f"onnxruntime differs from the traced encoder by {diff:.3g} (> {TOLERANCE:g}): refused")
     return {**detail, "onnxruntime_max_abs_diff": diff}
+
+
+def check_onnx(path: Path, images: torch.Tensor) -> tuple[str, np.ndarray, str | None]:
+    """The format table's checker (run by validate): onnxruntime on the CPU, one batch of 64 at a time (one image at
+    a time for a file with a fixed batch of 1)."""
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise PipelineError(f"{path}: onnxruntime cannot load it ({type(e).__name__}: {first})") from None
+    inp = session.get_inputs()[0]
+    half = inp.type == "tensor(float16)"
+    x = images.float().numpy().astype(np.float16 if half else np.float32)
+    fixed_batch = isinstance(inp.shape[0], int) and inp.shape[0] == 1
+    batches = [x[i: i + 1] for i in range(len(x))] if fixed_batch else [x[i: i + 64] for i in range(0, len(x), 64)]
+    try:
+        out = [session.run([OUTPUT_NAME], {inp.name: b})[0] for b in batches]
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise PipelineError(f"{path}: onnxruntime failed to run it ({type(e).__name__}: {first})") from None
+    return "onnxruntime (CPU)", np.concatenate(out).astype(np.float32).reshape(len(x), -1), "fp16" if half else None

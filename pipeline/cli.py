@@ -263,7 +263,7 @@ STAGE_INPUTS = ("linear-eval", "strip", "trace", "export", "validate")  # the st
 
 def _stage_commands():
     """linear-eval, then strip -> trace -> export -> validate -> report: each a stage reading the run directory."""
-    from export.formats import describe_table
+    from export.formats import describe_table, summary
     from train.configs import EvalConfig
     from export.configs import ExportConfig, StripConfig, TraceConfig, ValidateConfig
     from stages.report import ReportConfig
@@ -276,11 +276,11 @@ def _stage_commands():
     stage_command("trace", TraceConfig, "stages.trace",
                   "The Encoder (pixels 0..255 -> normalise -> backbone -> L2) as one graph: torch.export, else jit.trace.")
     stage_command("export", ExportConfig, "stages.export",
-                  "Core ML (.mlpackage, .mlmodel) and ONNX from the trace, metadata inside, sidecar encoder.json. "
+                  f"The formats of the table below ({summary()}) from the trace, metadata inside, sidecar encoder.json. "
                   "Runs strip and trace first when their files are missing or stale, as make would.",
                   request=_export_request, before=_strip_and_trace_if_stale, epilog="\b\nFormats (format, --to, file, precisions, runs on, options):\n" + describe_table())
     stage_command("validate", ValidateConfig, "stages.validate",
-                  "Run every exported artifact (.mlpackage, .mlmodel, ONNX) on the val images and compare with PyTorch; "
+                  f"Run every exported artifact ({summary()}) through its format's checker on the val images and compare with PyTorch; "
                   "fails naming the artifact and the metric. Writes RUN/validate/parity.json.")
     stage_command("report", ReportConfig, "stages.report",
                   "One self-contained HTML page of the run (RUN/report.html): run card, training curves, evaluation vs "
@@ -296,9 +296,9 @@ def _evaluation_table(stage, result: dict) -> None:
 
 def _export_request(cfg) -> None:
     """An impossible format request is refused first, before any input is looked at or any work done."""
-    from export.formats import OPTION_NAMES, select_formats
+    from export.formats import option_names, select_formats
 
-    select_formats(cfg.to, cfg.coreml_format, cfg.precision, {name: getattr(cfg, name) for name in OPTION_NAMES})
+    select_formats(cfg.to, cfg.coreml_format, cfg.precision, {name: getattr(cfg, name) for name in option_names()})
 
 
 def _strip_and_trace_if_stale(run_dir: Path, cfg) -> None:
@@ -329,8 +329,9 @@ def doctor():
 
     click.echo(f"python {platform.python_version()} on {platform.system()} {platform.machine()}")
     from core.quiet import import_coremltools
+    from export.formats import libraries
 
-    for name in ("torch", "torchvision", "coremltools", "onnx", "onnxruntime"):
+    for name in ("torch", "torchvision", *libraries()):
         try:
             mod = import_coremltools() if name == "coremltools" else importlib.import_module(name)
             click.echo(f"{name:12s} {getattr(mod, '__version__', '?')}")

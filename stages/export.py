@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from export.encoder import load_encoder
-from export.formats import FORMATS, OPTION_NAMES, minimum_os, select_formats
+from export.formats import FORMATS, minimum_os, option_names, select_formats
 from export.targets import ipados
 from export.metadata import build_metadata
 from export.traced import example_input, load_traced
@@ -87,7 +87,7 @@ def _previous_entries(export_dir: Path, encoder_sha: str, rewritten: set[str], s
 
 
 def run(cfg: ExportConfig, run_dir: Path, say=print) -> dict:
-    options = {name: getattr(cfg, name) for name in OPTION_NAMES}
+    options = {name: getattr(cfg, name) for name in option_names()}
     plan = select_formats(cfg.to, cfg.coreml_format, cfg.precision, options)  # refuse bad requests before any work
     _, state = load_encoder(encoder_path(run_dir))
     made_from = provenance.of_encoder(state)  # `pipeline export` re-strips a stale encoder.pt before this runs

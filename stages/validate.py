@@ -7,7 +7,8 @@ RUN/validate/parity.json and fails, naming the artifact and the metric, when a g
 Images go in as an app hands them over: RGB, cropped/resized to the model's side, pixels 0..255 (the val split
 at the stored size, center-cropped; `--images DIR` adds files decoded like a photo library would).
 
-Runtimes, per artifact (each row of the report says which produced its numbers):
+Runtimes, per artifact: its format's checker (export/formats.py; each row of the report says which runtime produced
+its numbers):
 - .mlpackage: `mil-eval`, the ML Program executed op by op with torch (export/mil_eval.py), fp16 rounded per op
 - .mlmodel: `nn-eval`, the NeuralNetwork layers with torch (export/nn_eval.py), fp16 activations when the weights
   are fp16 (what the GPU/Neural Engine of an iPad does), fp32 otherwise (Core ML's CPU path)
@@ -18,14 +19,13 @@ Runtimes, per artifact (each row of the report says which produced its numbers):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
 from export import parity
 from export.encoder import OUTPUT_NAME, load_encoder
-from export.formats import COREML_FORMATS
+from export.formats import COREML, FORMATS
 from core import rundir
 from core.rundir import PARITY, SIDECAR, artifact_digest, encoder_path, file_sha256
 from core.config import to_dict
@@ -93,50 +93,6 @@ def folder_images(folder: Path, size: int, cap: int, say=print) -> tuple[torch.T
     return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous(), sources
 
 
-# ---------------------------------------------------------------- runners: images (uint8 RGB N x 3 x S x S) -> N x D
-# Each returns (runtime name, features, the precision the file itself computes in or None when it cannot tell).
-
-def _run_mil(path: Path, images: torch.Tensor) -> tuple[str, np.ndarray, str | None]:
-    from export import mil_eval
-
-    model = mil_eval.load_mlpackage(path)
-    return "mil-eval", mil_eval.predict_images(model, images, OUTPUT_NAME), model.precision
-
-
-def _run_nn(path: Path, images: torch.Tensor) -> tuple[str, np.ndarray, str | None]:
-    from export import nn_eval
-
-    model = nn_eval.load_mlmodel(path)
-    compute = model.default_compute
-    return f"nn-eval ({compute} activations)", nn_eval.predict_images(model, images, OUTPUT_NAME, compute), model.precision
-
-
-def _run_onnx(path: Path, images: torch.Tensor) -> tuple[str, np.ndarray, str | None]:
-    import onnxruntime as ort
-
-    try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise PipelineError(f"{path}: onnxruntime cannot load it ({type(e).__name__}: {first})") from None
-    inp = session.get_inputs()[0]
-    half = inp.type == "tensor(float16)"
-    x = images.float().numpy().astype(np.float16 if half else np.float32)
-    fixed_batch = isinstance(inp.shape[0], int) and inp.shape[0] == 1
-    batches = [x[i: i + 1] for i in range(len(x))] if fixed_batch else [x[i: i + 64] for i in range(0, len(x), 64)]
-    try:
-        out = [session.run([OUTPUT_NAME], {inp.name: b})[0] for b in batches]
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise PipelineError(f"{path}: onnxruntime failed to run it ({type(e).__name__}: {first})") from None
-    return "onnxruntime (CPU)", np.concatenate(out).astype(np.float32).reshape(len(x), -1), "fp16" if half else None
-
-
-RUNNERS: dict[str, Callable[[Path, torch.Tensor], tuple[str, np.ndarray, str | None]]] = {
-    "mlpackage": _run_mil,
-    "mlmodel": _run_nn,
-    "onnx": _run_onnx,
-}
 COMPUTE_UNITS = ("CPU_ONLY", "ALL")
 
 
@@ -170,7 +126,7 @@ def listed_artifacts(run_dir: Path) -> list[dict]:
         raise PipelineError(f"{sidecar_path} lists no artifacts: run `pipeline export`")
     for entry in artifacts:
         path = export_dir / str(entry.get("file"))
-        if entry.get("format") not in RUNNERS:
+        if entry.get("format") not in FORMATS:
             raise PipelineError(f"{sidecar_path}: unknown artifact format {entry.get('format')!r}")
         if not path.exists():
             raise PipelineError(f"{path} is listed in {sidecar_path} but missing: re-run `pipeline export`")
@@ -201,11 +157,11 @@ def outputs(fmt: str, path: Path, images: torch.Tensor, real_ok: bool) -> tuple[
     from core.coreml_runtime import coreml_predict
 
     try:
-        runtime, out, actual = RUNNERS[fmt](path, images)
+        runtime, out, actual = FORMATS[fmt].checker(path, images)
         results = [(runtime, out)]
     except PipelineError as e:
         actual, results = None, [(f"{fmt} reference evaluator", e)]
-    if real_ok and fmt in COREML_FORMATS:
+    if real_ok and FORMATS[fmt].to == COREML:
         for units in COMPUTE_UNITS:
             try:
                 results.append((f"coreml {units}", coreml_predict(path, images, units, OUTPUT_NAME)))

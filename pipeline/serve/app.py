@@ -29,7 +29,9 @@ from starlette.datastructures import UploadFile
 
 from core.config import load_config
 from core.errors import PipelineError
+from core import rundir
 from core.rundir import atomic_path
+from export.formats import FORMATS
 from train.configs import PretrainConfig
 from pipeline.serve import uploads
 from pipeline.serve.options import CONFIG_DIR, SERVER_SET, config_names
@@ -40,9 +42,13 @@ TOKEN_FILE = "token"
 DB_FILE = "jobs.db"
 PAGE = Path(__file__).with_name("page.html")
 JOB_ID = r"^[0-9a-f]{16}$"
-# name a client asks for -> file in the run (a directory is sent as a zip made once, inside the job's folder)
-ARTIFACTS = {"encoder.mlmodel": "export/encoder.mlmodel", "encoder.mlpackage": "export/encoder.mlpackage",
-             "encoder.onnx": "export/encoder.onnx", "report.html": "report.html"}
+
+
+def artifacts() -> dict[str, str]:
+    """name a client asks for -> file in the run: each format's file (the format table's), and the report. A
+    directory is sent as a zip made once, inside the job's folder."""
+    return {**{f.file: f"{rundir.EXPORT}/{f.file}" for f in FORMATS.values()}, rundir.REPORT: rundir.REPORT}
+
 SUBMIT_FIELDS = ("file", "data", "recipe", "formats")
 
 
@@ -95,12 +101,12 @@ def load_or_create_token(root: Path) -> str:
 
 
 def artifact_path(run: Path, name: str) -> Path | None:
-    rel = ARTIFACTS.get(name)
+    rel = artifacts().get(name)
     if rel is None:
         return None
     path = run / rel
-    if name == "report.html" and not path.is_file():
-        found = sorted(run.glob("*/report.html"))  # the report stage may keep its page in a folder of its own
+    if name == rundir.REPORT and not path.is_file():
+        found = sorted(run.glob(f"*/{rundir.REPORT}"))  # the report stage may keep its page in a folder of its own
         path = found[0] if found else path
     return path if path.exists() else None
 
@@ -109,7 +115,7 @@ def public(job: dict, root: Path) -> dict:
     run = root / job["id"] / RUN
     out = {k: job.get(k) for k in Job.model_fields if k != "artifacts"}
     out["skipped"] = job["skipped"] or []
-    out["artifacts"] = [name for name in ARTIFACTS if artifact_path(run, name) is not None] if job["state"] in TERMINAL else []
+    out["artifacts"] = [name for name in artifacts() if artifact_path(run, name) is not None] if job["state"] in TERMINAL else []
     return out
 
 
@@ -376,8 +382,8 @@ async def job_event_stream(svc: Service, request: Request, job_id: str):
 
 def artifact_response(svc: Service, job: dict, name: str) -> FileResponse:
     """A finished job's file (a folder such as the .mlpackage as a zip made once); 404 for anything else."""
-    if name not in ARTIFACTS:
-        raise HTTPException(404, f"unknown artifact {name!r} (one of: {', '.join(ARTIFACTS)})")
+    if name not in artifacts():
+        raise HTTPException(404, f"unknown artifact {name!r} (one of: {', '.join(artifacts())})")
     run = svc.root / job["id"] / RUN
     path = artifact_path(run, name) if job["state"] in TERMINAL else None
     if path is None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from core.config import _base_type, _fields
-from export.formats import TO_CHOICES
+from export.formats import to_choices
 from train.configs import PretrainConfig
 
 PROJECT = Path(__file__).resolve().parents[2]  # the folder holding the packages: the children's import root
@@ -41,7 +41,7 @@ def describe(timeout: float = 300) -> dict:
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
         raise RuntimeError(f"could not find the device `auto` picks: {lines[-1]}")
-    return {"fields": fields, "formats": list(TO_CHOICES), "auto_device": done.stdout.strip().splitlines()[-1]}
+    return {"fields": fields, "formats": list(to_choices()), "auto_device": done.stdout.strip().splitlines()[-1]}
 
 
 def config_names() -> list[str]:
