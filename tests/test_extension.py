@@ -1,0 +1,182 @@
+"""A method, a backbone and a format each added as a contributor would add them, written into a folder of the test's
+own, and the whole chain picks them up with no other edit: the CLI's choices, the config checks, pretrain, strip,
+trace, export, validate, the report and the job service's downloads.
+
+Each is registered through its registry's own mechanism, in a child process that then runs the CLI: the method is
+a file in a folder on train.methods' path (the registry is that folder), the backbone a row of
+train.backbones.BACKBONES, the format a row of export.formats.FORMATS. One child runs every command in turn (torch
+is imported once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+METHOD = '''"""Flat: one projector, the two views' embeddings pulled together (a throwaway method)."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.views import ViewRecipe
+from train.heads import head_input, mlp
+from train.method_spec import MethodSpec, Recipe
+
+
+class Flat(nn.Module):
+    def __init__(self, backbone, feat_dim, cfg):
+        super().__init__()
+        self.backbone = backbone
+        self.projector = mlp(feat_dim, cfg.proj_hidden_dim, cfg.proj_dim)
+
+    def forward(self, x1, x2, precision):
+        with precision.backbone():
+            h = self.backbone(torch.cat([x1, x2]))
+        with precision.heads():
+            z = self.projector(head_input(h, precision))
+        z1, z2 = F.normalize(z.float(), dim=1).chunk(2)
+        return (2 - 2 * (z1 * z2).sum(1)).mean()
+
+    def after_step(self, progress):
+        pass
+
+
+VALUES = dict(optimizer="sgd", lr=0.05, weight_decay=0.0, proj_dim=16, proj_hidden_dim=32)
+SPEC = MethodSpec(name="flat", title="Flat-Test", build=Flat, paper=Recipe(dict(VALUES)), small=Recipe(dict(VALUES)),
+                  views=(ViewRecipe(), ViewRecipe(solarize_p=0.1)),
+                  summary=lambda c: [f"flat projector {c.get('proj_hidden_dim')} -> {c.get('proj_dim')}"],
+                  fixed_on_resume=("proj_dim", "proj_hidden_dim"))
+'''
+
+BACKBONE = '''"""Tiny-Net: one conv block and a global pool (a throwaway backbone), as a row of the backbone table."""
+
+from functools import partial
+
+from train.backbones import BACKBONES, Backbone
+
+
+def _tiny(small_stem: bool):
+    from torch import nn
+
+    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=1 if small_stem else 2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+
+BACKBONES["tiny"] = Backbone(_tiny, 8, "tinynet", "Tiny-Net", "the conv at stride 1", (2, 1),
+                             ("conv", "batch_norm", "relu", "reduce_mean", "reshape"))
+'''
+
+FORMAT = '''"""ptx: the torch.export program itself, saved and reloaded (a throwaway format), as a row of the format table."""
+
+from core.errors import PipelineError
+from export.formats import FORMATS, Format
+
+
+def write_ptx(program, path, meta, precision, options):
+    import torch
+
+    if not isinstance(program, torch.export.ExportedProgram):
+        raise PipelineError("ptx needs a torch.export trace")
+    torch.export.save(program, path)
+    return {"precision": precision}
+
+
+def check_ptx(path, images):
+    import torch
+
+    module = torch.export.load(path).module()
+    with torch.no_grad():
+        return "torch.export (CPU)", module(images.float()).numpy(), "fp32"
+
+
+FORMATS["ptx"] = Format("ptx", "torch", "encoder.ptx", "torch.export program, reloaded", ("fp32",), {}, write_ptx,
+                        check_ptx, ("torch",))
+'''
+
+RUNNER = '''import json
+import sys
+from pathlib import Path
+
+here = Path(__file__).parent
+sys.path.insert(0, str(here))
+import train.methods  # noqa: E402
+
+train.methods.__path__.append(str(here / "methods"))  # the method registry is its folders
+import tiny_backbone  # noqa: E402,F401  its row
+import ptx_format  # noqa: E402,F401  its row
+
+from pipeline.cli import main  # noqa: E402
+
+for i, args in enumerate(json.loads(sys.argv[1])):
+    try:
+        rc = main.main(args, prog_name="pipeline", standalone_mode=False) or 0
+    except SystemExit as e:
+        rc = e.code or 0
+    print(f"== step {i} rc={rc}", flush=True)
+
+from export.formats import to_choices  # noqa: E402
+from pipeline.serve.app import artifacts  # noqa: E402
+from train.backbones import BACKBONES  # noqa: E402
+from train.methods import METHODS  # noqa: E402
+
+print("== known " + json.dumps({"methods": list(METHODS), "backbones": list(BACKBONES), "to": list(to_choices()),
+                                "downloads": list(artifacts())}))
+'''
+
+
+@pytest.mark.slow
+def test_a_new_method_backbone_and_format_need_no_other_edit(tmp_path):
+    ext = tmp_path / "ext"
+    (ext / "methods").mkdir(parents=True)
+    (ext / "methods" / "flat.py").write_text(METHOD)
+    (ext / "tiny_backbone.py").write_text(BACKBONE)
+    (ext / "ptx_format.py").write_text(FORMAT)
+    (ext / "run.py").write_text(RUNNER)
+    run = str(tmp_path / "run")
+    tiny = ["--method", "flat", "--backbone", "tiny", "--data", "synthetic:48", "--batch-size", "8", "--epochs", "1",
+            "--max-steps", "2", "--device", "cpu", "--num-workers", "0"]
+    steps = [
+        ["pretrain", "--help"],
+        ["export", "--help"],
+        ["pretrain", *tiny, "--image-size", "1", "--small-stem", "off", "--out", run],  # the row's smallest side: 2
+        ["pretrain", *tiny, "--image-size", "16", "--out", run],
+        ["export", "--to", "torch", "--opset", "18", "--run", run],  # an option of a format this export does not write
+        ["export", "--to", "torch", "--run", run],  # strip and trace run first
+        ["validate", "--run", run],
+        ["report", "--run", run],
+    ]
+    done = subprocess.run([sys.executable, str(ext / "run.py"), json.dumps(steps)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out = done.stdout
+    assert done.returncode == 0, out
+    parts = out.split("== step ")
+    rc = {int(p.split()[0]): int(p.split()[1].split("=")[1]) for p in parts[1:]}
+    said = {int(p.split()[0]): parts[i] for i, p in enumerate(parts[1:])}  # what each step printed before its rc
+    assert rc == {0: 0, 1: 0, 2: 2, 3: 0, 4: 2, 5: 0, 6: 0, 7: 0}, out
+
+    assert "flat" in said[0] and "tiny" in said[0]  # --method and --backbone choices
+    assert "[coreml|onnx|torch|all]" in said[1] and "encoder.ptx" in said[1]  # --to choices, the table in the help
+    assert "image size 1 is impossible for tiny with the ImageNet stem: use 2..1024" in said[2]
+    assert "--opset applies to onnx" in said[4]
+    known = json.loads(out.split("== known ")[1].splitlines()[0])
+    assert "flat" in known["methods"] and "tiny" in known["backbones"] and "torch" in known["to"]
+    assert "encoder.ptx" in known["downloads"]  # the job service offers it
+
+    run = Path(run)
+    sidecar = json.loads((run / "export" / "encoder.json").read_text())
+    assert [a["file"] for a in sidecar["artifacts"]] == ["encoder.ptx"]
+    assert sidecar["description"].startswith("Flat-Test Tiny-Net image encoder")  # the spec's and the row's titles
+    assert sidecar["backbone"] == "tiny" and sidecar["embedding_dim"] == 8
+    parity = json.loads((run / "validate" / "parity.json").read_text())
+    assert [(r["artifact"], r["runtime"], r["passed"]) for r in parity["rows"]] == [("encoder.ptx", "torch.export (CPU)", True)]
+    page = (run / "report.html").read_text()
+    assert "flat projector 32 -&gt; 16" in page or "flat projector 32 -> 16" in page  # the spec's run-card line
+    assert "encoder.ptx" in page and "torch.export (CPU)" in page
