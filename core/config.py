@@ -7,9 +7,10 @@ CLI flags are generated from the same fields, so a flag and a YAML key can never
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 import yaml
@@ -17,9 +18,34 @@ import yaml
 from core.errors import PipelineError
 
 
-def opt(default: Any, why: str, choices: tuple[str, ...] | None = None):
-    """A config field: its default and the one-line reason for it (shown as the flag's help)."""
-    return dataclasses.field(default=default, metadata={"why": why, "choices": choices})
+class Range(NamedTuple):
+    """The values a numeric option may take, both ends included unless marked open. Declared on the option, so the
+    CLI, a YAML file and the job service refuse the same values with the same words: outside it a run would train
+    on nonsense (a negative rate ascends the loss, a momentum above 1 extrapolates) or fail far from the cause."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def admits(self, value) -> bool:
+        return ((self.lo < value) if self.lo_open else (self.lo <= value)) and \
+            ((value < self.hi) if self.hi_open else (value <= self.hi))
+
+    def __str__(self) -> str:
+        lo = f"{'>' if self.lo_open else '>='} {_number(self.lo)}" if self.lo > -math.inf else ""
+        hi = f"{'<' if self.hi_open else '<='} {_number(self.hi)}" if self.hi < math.inf else ""
+        return " and ".join(filter(None, (lo, hi)))
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def opt(default: Any, why: str, choices: tuple[str, ...] | None = None, range: Range | None = None):
+    """A config field: its default, the one-line reason for it (shown as the flag's help), and the values it may
+    take: `choices` for a string, `range` for a number (None, where the type allows it, always passes)."""
+    return dataclasses.field(default=default, metadata={"why": why, "choices": choices, "range": range})
 
 
 def _base_type(tp: Any) -> type:
@@ -59,11 +85,16 @@ def _coerce(cls, key: str, value: Any, source: str) -> Any:
             value = str(value)
         elif not isinstance(value, tp):
             raise ValueError(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise PipelineError(f"{source}: `{key}` must be {tp.__name__}, got {value!r}") from None
+    if tp is float and not math.isfinite(value):
+        raise PipelineError(f"{source}: `{key}` must be a finite number, got {value!r}")
     choices = f.metadata.get("choices")
     if choices and value not in choices:
         raise PipelineError(f"{source}: `{key}` must be one of {', '.join(choices)}; got {value!r}")
+    bounds = f.metadata.get("range")
+    if bounds is not None and not bounds.admits(value):
+        raise PipelineError(f"{source}: `{key}` must be {bounds}, got {value!r}")
     return value
 
 
@@ -95,6 +126,18 @@ def load_config(cls, config_file: str | Path | None = None, overrides: dict[str,
     return cls(**values)
 
 
+def check_ranges(cfg) -> None:
+    """Every declared range and finiteness on a config built in code (a recipe's values filled in), with the words
+    load_config uses for a file or a flag."""
+    for name, f in _fields(type(cfg)).items():
+        value = getattr(cfg, name)
+        bounds = f.metadata.get("range")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PipelineError(f"`{name}` must be a finite number, got {value!r}")
+        if bounds is not None and value is not None and not bounds.admits(value):
+            raise PipelineError(f"`{name}` must be {bounds}, got {value!r}")
+
+
 def to_dict(cfg) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
@@ -109,7 +152,8 @@ def options_from(cls, skip: tuple[str, ...] = ()):
             tp = _base_type(f.type)
             flag = "--" + name.replace("_", "-")
             choices = f.metadata.get("choices")
-            help_ = f"{f.metadata.get('why', '')} [default: {f.default}]"
+            bounds = f.metadata.get("range")
+            help_ = f"{f.metadata.get('why', '')} [default: {f.default}{'; ' + str(bounds) if bounds else ''}]"
             if tp is bool:
                 fn = click.option(f"{flag}/--no-{name.replace('_', '-')}", name, default=None, help=help_)(fn)
             else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from core.config import opt
+from core.config import Range, opt
 from train import methods
 from train.backbones import BACKBONES
 
@@ -42,55 +42,55 @@ class PretrainConfig:
     image_size: int = opt(32, "training crop side in pixels; 32 = CIFAR's, where the small recipes were measured. On a "
                               "CPU it is slow: ~15 s of CPU time per step of 128 (2 free cores: the default 120 steps "
                               "take 15-20 min, hours on a busy machine; `make all` trains digits at 8 px in minutes); "
-                              "`pipeline bench --device cpu` times a step on yours")
-    store_size: int = opt(0, "side at which images are decoded and kept; 0 = image size for array datasets, 8/7 x for folders")
-    epochs: int = opt(10, "passes over the train split")
-    batch_size: int = opt(128, "global batch: images per step over all processes (each of N GPUs takes batch/N; each image gives two views)")
+                              "`pipeline bench --device cpu` times a step on yours", range=Range(8, 1024))
+    store_size: int = opt(0, "side at which images are decoded and kept; 0 = image size for array datasets, 8/7 x for folders", range=Range(0, 4096))
+    epochs: int = opt(10, "passes over the train split", range=Range(1, 100_000))
+    batch_size: int = opt(128, "global batch: images per step over all processes (each of N GPUs takes batch/N; each image gives two views)", range=Range(2, 65_536))
     lr: float | None = opt(None, "base learning rate per 256 images; " + by_recipe(
-        "simclr 0.12, byol 0.03, mocov3 0.3", "simclr 0.3, byol 0.2, mocov3 0.6"))
+        "simclr 0.12, byol 0.03, mocov3 0.3", "simclr 0.3, byol 0.2, mocov3 0.6"), range=Range(0, 100, lo_open=True))
     lr_scaling: str = opt("linear", "peak lr = lr x batch/256 (linear, as the papers) or lr x sqrt(batch/256)", choices=("linear", "sqrt", "none"))
     optimizer: str | None = opt(None, by_recipe("sgd (momentum 0.9)", "lars") + "; auto picks small below ImageNet "
                                 "scale, so sgd for any set of under 100,000 images", choices=("lars", "sgd", "adamw"))
-    lars_eta: float = opt(0.001, "LARS trust coefficient: each weight matrix moves by about lr x eta of its norm per step (the papers' 0.001 suits their 100k+ steps; small data trains for a few thousand and wants more, e.g. 0.02)")
-    weight_decay: float | None = opt(None, by_recipe("simclr 5e-4, byol 2e-3, mocov3 5e-4", "simclr 1e-6, byol 1.5e-6, mocov3 1e-6"))
-    warmup_epochs: float | None = opt(None, "linear warm-up before the cosine decay; None = the papers' 10 epochs, at most a tenth of the run")
+    lars_eta: float = opt(0.001, "LARS trust coefficient: each weight matrix moves by about lr x eta of its norm per step (the papers' 0.001 suits their 100k+ steps; small data trains for a few thousand and wants more, e.g. 0.02)", range=Range(0, 1, lo_open=True))
+    weight_decay: float | None = opt(None, by_recipe("simclr 5e-4, byol 2e-3, mocov3 5e-4", "simclr 1e-6, byol 1.5e-6, mocov3 1e-6"), range=Range(0, 1))
+    warmup_epochs: float | None = opt(None, "linear warm-up before the cosine decay; None = the papers' 10 epochs, at most a tenth of the run", range=Range(0, 100_000))
     temperature: float | None = opt(None, "softmax temperature (SimCLR, MoCo v3); " + by_recipe(
-        "simclr 0.5, mocov3 0.2", "simclr 0.5, mocov3 1"))
+        "simclr 0.5, mocov3 0.2", "simclr 0.5, mocov3 1"), range=Range(0, 100, lo_open=True))
     proj_dim: int | None = opt(None, "projector output size; " + by_recipe(
-        "simclr 128, byol 256, mocov3 256", "simclr 128, byol 256, mocov3 256"))
+        "simclr 128, byol 256, mocov3 256", "simclr 128, byol 256, mocov3 256"), range=Range(1, 65_536))
     proj_hidden_dim: int | None = opt(None, "projector hidden size; " + by_recipe(
-        "simclr 512, byol 1024, mocov3 4096", "simclr 2048, byol 4096, mocov3 4096"))
+        "simclr 512, byol 1024, mocov3 4096", "simclr 2048, byol 4096, mocov3 4096"), range=Range(1, 65_536))
     pred_hidden_dim: int | None = opt(None, "predictor hidden size (BYOL, MoCo v3); " + by_recipe(
-        "byol 1024, mocov3 4096", "byol 4096, mocov3 4096"))
+        "byol 1024, mocov3 4096", "byol 4096, mocov3 4096"), range=Range(1, 65_536))
     pred_lr: float | None = opt(None, "the predictor's learning rate as a multiple of --lr (BYOL, MoCo v3); " + by_recipe(
-        "byol 10, mocov3 1", "byol 1, mocov3 1"))
+        "byol 10, mocov3 1", "byol 1, mocov3 1"), range=Range(0, 100, lo_open=True))
     proj_last_bn: str | None = opt(None, "BYOL only: BatchNorm without affine on the projector's output, as MoCo v3's "
                                          "and SimSiam's projectors; " + by_recipe("byol on", "byol off"), choices=("on", "off"))
     crop_min_scale: float | None = opt(None, "smallest random crop as a share of the image's area (RandomResizedCrop's "
                                              "scale[0]); " + by_recipe("simclr 0.08, byol 0.25, mocov3 0.25",
-                                                                       "simclr 0.08, byol 0.08, mocov3 0.08"))
+                                                                       "simclr 0.08, byol 0.08, mocov3 0.08"), range=Range(0, 1, lo_open=True))
     solarize_p: float | None = opt(None, "chance that the second view is solarized (the first view never is); " + by_recipe(
-        "simclr 0, byol 0.2, mocov3 0.2", "simclr 0, byol 0.2, mocov3 0.2"))
+        "simclr 0, byol 0.2, mocov3 0.2", "simclr 0, byol 0.2, mocov3 0.2"), range=Range(0, 1))
     momentum_base: float | None = opt(None, "EMA start of the momentum network, rises to 1 on a cosine (BYOL, MoCo v3); "
-                                      + by_recipe("byol 0.9, mocov3 0.9", "byol 0.99, mocov3 0.99"))
+                                      + by_recipe("byol 0.9, mocov3 0.9", "byol 0.99, mocov3 0.99"), range=Range(0, 1))
     queue_size: int | None = opt(None, "MoCo v3 only: extra negatives from a ring buffer of past keys (0 = none); "
-                                 + by_recipe("mocov3 0", "mocov3 0"))
-    val_fraction: float = opt(0.1, "held out for evaluation, never trained on (CIFAR uses its own test set)")
+                                 + by_recipe("mocov3 0", "mocov3 0"), range=Range(0, 1 << 20))
+    val_fraction: float = opt(0.1, "held out for evaluation, never trained on (CIFAR uses its own test set)", range=Range(0, 1, hi_open=True))
     device: str = opt("auto", "auto picks mps > cuda > cpu", choices=("auto", "cpu", "cuda", "mps"))
     precision: str = opt("auto", "auto: bf16 on CUDA, fp16 backbone on MPS, fp32 on CPU; fp32 everywhere to debug; fp64 (CPU only): float64 weights and activations, for numbers that must agree across CPUs (float32 sums in another order per instruction set, and a few steps amplify that; the tests' pinned runs use it)", choices=("auto", "fp32", "fp64"))
-    num_workers: int = opt(-1, "augmentation workers (cpu augment); -1 = one per spare core, up to 8")
+    num_workers: int = opt(-1, "augmentation workers (cpu augment); -1 = one per spare core, up to 8", range=Range(-1, 64))
     augment: str = opt("auto", "where views are made: device = batched on the training GPU, cpu = per image in DataLoader workers (the reference); auto = device on cuda/mps", choices=AUGMENT_MODES)
     preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = uint8 Pillow/numpy ops in the workers; auto = coreml where Core ML runs", choices=PREPROCESS_CHOICES)
     channels_last: str = opt("auto", "NHWC memory format: about 2x faster bf16 convs on CUDA tensor cores; auto = on for CUDA only", choices=("auto", "on", "off"))
     cuda_graphs: str = opt("auto", "replay the backbone's forward and backward as two CUDA graphs instead of launching its hundreds of kernels from Python every step (the host, not the GPU, limits small-image steps on a fast GPU: BENCHMARKS.md); auto = on for CUDA without --compile (and, with several processes, without --sync-bn)", choices=("auto", "on", "off"))
     compile: bool = opt(False, "torch.compile the backbone: off by default: slower than eager where measured (README) and minutes to compile")
     sync_bn: bool = opt(False, "several GPUs: BatchNorm statistics over the global batch (SimCLR's choice), at one all-reduce per BN layer; CUDA only")
-    seed: int = opt(0, "seeds init, split, order and every augmentation draw")
-    max_steps: int = opt(0, "stop after this many steps in all, counted from the run's start (0 = every epoch); at most the steps of --epochs: more is refused, as the learning-rate schedule spans the epochs (raise --epochs to train longer); a run cut short goes on exactly with --resume --max-steps 0")
-    log_every: int = opt(10, "steps between metrics.jsonl lines")
-    save_every: int = opt(0, "also keep checkpoints/epoch_NNNN.pt every N epochs (0 = only last.pt)")
-    checkpoint_every_s: float = opt(120.0, "write checkpoints/last.pt at the first epoch end this many seconds after the last write, and at the end; a crash loses at most this much training (0 = every epoch: on small data one write, ~190 MB for BYOL, took longer than an epoch)")
-    knn_every: int = opt(0, "kNN top-1 of val against train into metrics.jsonl every N epochs (0 = off: costs a pass over the data)")
+    seed: int = opt(0, "seeds init, split, order and every augmentation draw", range=Range(0, 2**32 - 1))
+    max_steps: int = opt(0, "stop after this many steps in all, counted from the run's start (0 = every epoch); at most the steps of --epochs: more is refused, as the learning-rate schedule spans the epochs (raise --epochs to train longer); a run cut short goes on exactly with --resume --max-steps 0", range=Range(0, 10**9))
+    log_every: int = opt(10, "steps between metrics.jsonl lines", range=Range(1, 10**9))
+    save_every: int = opt(0, "also keep checkpoints/epoch_NNNN.pt every N epochs (0 = only last.pt)", range=Range(0, 100_000))
+    checkpoint_every_s: float = opt(120.0, "write checkpoints/last.pt at the first epoch end this many seconds after the last write, and at the end; a crash loses at most this much training (0 = every epoch: on small data one write, ~190 MB for BYOL, took longer than an epoch)", range=Range(0, 10**7))
+    knn_every: int = opt(0, "kNN top-1 of val against train into metrics.jsonl every N epochs (0 = off: costs a pass over the data)", range=Range(0, 100_000))
 
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from core import rundir
-from core.config import load_config, to_dict
+from core.config import check_ranges, load_config, to_dict
 from core.errors import PipelineError
 from train import recipes
 from train import backbones
@@ -49,35 +49,11 @@ def resolve(cfg: PretrainConfig) -> PretrainConfig:
     return PretrainConfig(**filled)
 
 
-# Bounds of the numeric options (None = the method's default, always valid): a value outside them would train on
-# nonsense (a negative rate ascends the loss, a momentum above 1 extrapolates) instead of stopping with its name.
-BOUNDS = {  # key: (lowest, highest, whether the lowest itself is allowed)
-    "lr": (0.0, math.inf, False), "temperature": (0.0, math.inf, False), "weight_decay": (0.0, math.inf, True),
-    "momentum_base": (0.0, 1.0, True), "crop_min_scale": (0.0, 1.0, False), "warmup_epochs": (0.0, math.inf, True),
-    "pred_lr": (0.0, math.inf, False), "solarize_p": (0.0, 1.0, True),
-    "proj_dim": (1, math.inf, True), "proj_hidden_dim": (1, math.inf, True), "pred_hidden_dim": (1, math.inf, True),
-    "queue_size": (0, math.inf, True), "max_steps": (0, math.inf, True), "log_every": (1, math.inf, True),
-    "save_every": (0, math.inf, True), "knn_every": (0, math.inf, True), "num_workers": (-1, math.inf, True),
-}
-
-
 def validate(cfg: PretrainConfig) -> None:
-    for key, (lo, hi, lo_ok) in BOUNDS.items():
-        value = getattr(cfg, key)
-        if value is not None and not ((lo <= value if lo_ok else lo < value) and value <= hi):
-            bound = f"{'>=' if lo_ok else '>'} {lo:g}" + (f" and <= {hi:g}" if hi < math.inf else "")
-            raise PipelineError(f"`{key}` must be {bound}, got {value!r}")
+    check_ranges(cfg)  # each option's own bounds, declared on it (train/configs.py); what follows spans options
     backbones.check_image_size(cfg.backbone, small_stem(cfg), cfg.image_size)
-    if cfg.batch_size < 2:
-        raise PipelineError(f"batch size must be at least 2 (contrastive losses need negatives), got {cfg.batch_size}")
-    if cfg.epochs < 1:
-        raise PipelineError(f"epochs must be >= 1, got {cfg.epochs}")
     if cfg.store_size and cfg.store_size < cfg.image_size:
         raise PipelineError(f"store_size {cfg.store_size} is smaller than image_size {cfg.image_size}")
-    if cfg.lars_eta <= 0:
-        raise PipelineError(f"lars_eta must be > 0, got {cfg.lars_eta}")
-    if cfg.checkpoint_every_s < 0:
-        raise PipelineError(f"checkpoint_every_s must be >= 0 (0 = every epoch), got {cfg.checkpoint_every_s}")
     for other in METHODS.values():
         for key in other.own_options:
             if other.name != cfg.method and getattr(cfg, key):

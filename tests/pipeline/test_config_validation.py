@@ -9,9 +9,9 @@ from tests.cli_helpers import assert_one_line_error, cli
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("lr: -3\n", "`lr` must be > 0, got -3.0"),
+    ("lr: -3\n", "`lr` must be > 0 and <= 100, got -3.0"),
     ("lr: 0\n", "`lr` must be > 0"),
-    ("batch_size: 1\n", "batch size must be at least 2"),
+    ("batch_size: 1\n", "`batch_size` must be >= 2 and <= 65536, got 1"),
     ("temperature: 0\n", "`temperature` must be > 0"),
     ("weight_decay: -1e-6\n", "`weight_decay` must be >= 0"),
     ("momentum_base: 1.5\n", "`momentum_base` must be >= 0 and <= 1"),
@@ -21,7 +21,13 @@ from tests.cli_helpers import assert_one_line_error, cli
     ("queue_size: -4\nmethod: mocov3\n", "`queue_size` must be >= 0"),
     ("log_every: 0\n", "`log_every` must be >= 1"),
     ("num_workers: -2\n", "`num_workers` must be >= -1"),
-    ("epochs: 0\n", "epochs must be >= 1"),
+    ("epochs: 0\n", "`epochs` must be >= 1 and <= 100000, got 0"),
+    ("num_workers: 100000\n", "`num_workers` must be >= -1 and <= 64, got 100000"),
+    ("val_fraction: 1.5\n", "`val_fraction` must be >= 0 and < 1, got 1.5"),
+    ("lr: .nan\n", "`lr` must be a finite number, got nan"),
+    ("temperature: .inf\n", "`temperature` must be a finite number, got inf"),
+    ("seed: -1\n", "`seed` must be >= 0"),
+    ("image_size: 1025\n", "`image_size` must be >= 8 and <= 1024, got 1025"),
 ])
 def test_out_of_range_values_are_one_line_errors(tmp_path, text, needle):
     f = tmp_path / "bad.yaml"
@@ -42,12 +48,11 @@ def test_values_on_the_bounds_are_accepted(tmp_path, over):
 
 
 @pytest.mark.parametrize("over,message", [
-    ({"image_size": 1025}, "image size 1025 is impossible for resnet18 with the ImageNet stem: use 32..1024"),
-    ({"image_size": 16, "small_stem": "off"}, "image size 16 is impossible for resnet18 with the ImageNet stem: use 32..1024"),
-    ({"image_size": 7, "small_stem": "on"}, "image size 7 is impossible for resnet18 with the small stem: use 8..1024"),
+        ({"image_size": 16, "small_stem": "off"}, "image size 16 is impossible for resnet18 with the ImageNet stem: use 32..1024"),
+    ({"image_size": 7, "small_stem": "on"}, "--image-size: `image_size` must be >= 8 and <= 1024, got 7"),
     ({"store_size": 48, "image_size": 64}, "store_size 48 is smaller than image_size 64"),
-    ({"lars_eta": 0.0}, "lars_eta must be > 0, got 0.0"),
-    ({"checkpoint_every_s": -0.5}, "checkpoint_every_s must be >= 0 (0 = every epoch), got -0.5"),
+    ({"lars_eta": 0.0}, "--lars-eta: `lars_eta` must be > 0 and <= 1, got 0.0"),
+    ({"checkpoint_every_s": -0.5}, "--checkpoint-every-s: `checkpoint_every_s` must be >= 0 and <= 10000000, got -0.5"),
 ])
 def test_values_past_the_other_limits_name_the_limit(tmp_path, over, message):
     with pytest.raises(PipelineError) as e:

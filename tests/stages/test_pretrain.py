@@ -221,12 +221,12 @@ def test_resume_refuses_changed_method(tmp_path, tiny_overrides):
 
 @pytest.mark.parametrize("over,msg", [
     ({"batch_size": 1000}, "larger than the"),
-    ({"image_size": 4}, "image size 4 is impossible"),
+    ({"image_size": 4}, "`image_size` must be >= 8"),
     ({"image_size": 16, "small_stem": "off"}, "image size 16 is impossible"),
-    ({"batch_size": 1}, "at least 2"),
+    ({"batch_size": 1}, "`batch_size` must be >= 2"),
     ({"queue_size": 4}, "MoCo v3 option"),
-    ({"lars_eta": 0}, "lars_eta must be > 0"),
-    ({"checkpoint_every_s": -1}, "checkpoint_every_s must be >= 0"),
+    ({"lars_eta": 0}, "`lars_eta` must be > 0"),
+    ({"checkpoint_every_s": -1}, "`checkpoint_every_s` must be >= 0"),
 ])
 def test_bad_options(tmp_path, tiny_overrides, over, msg):
     with pytest.raises(PipelineError, match=msg):
