@@ -14,6 +14,7 @@ its share of every step's images (train/distributed.py), gradients are averaged 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import shlex
@@ -189,6 +190,10 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
             rundir.write_text_atomic(run_dir / rundir.SKIPPED, "".join(f"{f}\t{why}\n" for f, why in data.skipped))
     if main and not resume:
         rundir.write_json_atomic(run_dir / rundir.SPLIT, split)
+    if main and resume and (run_dir / rundir.METRICS).is_file():  # steps past last.pt are trained and logged again
+        logged = (run_dir / rundir.METRICS).read_text().splitlines(keepends=True)  # a cut-off last line is dropped
+        rundir.write_text_atomic(run_dir / rundir.METRICS, "".join(
+            line for line in logged if line.endswith("\n") and json.loads(line)["step"] <= step))
     # Said only now, after every check of the input above: a bad input's error stays the one line printed.
     say(f"recipe {recipe} ({recipe_why}): {recipes.source(recipe, cfg.method, cfg.backbone)}")
     if data.skipped:
