@@ -409,22 +409,45 @@ def swift_fixtures(run, out, bank_per_class, max_bytes, check):
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on; loopback unless --allow-remote")
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--root", default="jobs", show_default=True, type=click.Path(file_okay=False),
-              help="where jobs.db, the token file and one folder per job live")
+              help="where jobs.db, the token file and one folder per job live (made private: mode 0700)")
 @click.option("--allow-remote", is_flag=True, help="bind a non-loopback --host (prints a warning)")
 @click.option("--allow-data", multiple=True, default=("digits",), show_default=True,
               help="a data SPEC a job may name instead of uploading a zip (repeat for several)")
-@click.option("--max-upload-mb", default=512, show_default=True, type=int, help="largest request body")
-@click.option("--max-unzipped-mb", default=2048, show_default=True, type=int, help="largest total a zip may unpack to")
+@click.option("--max-upload-mb", default=512, show_default=True, type=click.IntRange(1), help="largest request body")
+@click.option("--max-unzipped-mb", default=2048, show_default=True, type=click.IntRange(1),
+              help="largest total a zip may unpack to")
+@click.option("--users", "users_file", type=click.Path(dir_okay=False), default=None,
+              help="a file of `NAME TOKEN` lines (mode 0600): one token per user, each seeing only their own jobs "
+                   "[default: one token, in ROOT/token]")
+@click.option("--quota-gb", default=100.0, show_default=True, type=click.FloatRange(0, min_open=True),
+              help="disk for uploads and runs under ROOT; a submission past it is refused (507)")
+@click.option("--max-queued", default=64, show_default=True, type=click.IntRange(1),
+              help="jobs one user may have queued or running")
+@click.option("--max-connections", default=100, show_default=True, type=click.IntRange(1),
+              help="open connections; past it a new one is closed at once")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(0, min_open=True),
+              help="seconds a client has to send a request's head")
+@click.option("--prune-older-than", default=None, metavar="AGE",
+              help="remove jobs that ended longer ago than AGE (30d, 12h, 90m), at start and every hour [default: keep]")
 @one_line_errors
-def serve(host, port, root, allow_remote, allow_data, max_upload_mb, max_unzipped_mb):
+def serve(host, port, root, allow_remote, allow_data, max_upload_mb, max_unzipped_mb, users_file, quota_gb, max_queued,
+          max_connections, header_timeout, prune_older_than):
     """Training jobs over HTTP and a web page: upload a zip of images, pick a method, watch it train, download the
     validated Core ML / ONNX model. Each job runs pretrain -> linear-eval -> strip -> trace -> export -> validate
     as child processes in ROOT/<job id>/."""
     from pipeline.serve.app import serve as run_server
+    from pipeline.serve.limits import Limits, parse_age
     from pipeline.serve.uploads import ZipCaps
 
+    try:
+        prune_after_s = parse_age(prune_older_than) if prune_older_than is not None else None
+    except ValueError:
+        raise PipelineError(f"--prune-older-than must be a number with s, m, h or d after it, got {prune_older_than!r}") from None
+    limits = Limits(max_connections=max_connections, header_timeout_s=header_timeout, max_unfinished=max_queued,
+                    quota=int(quota_gb * (1 << 30)))
     run_server(host, port, Path(root), allow_remote=allow_remote, allow_data=tuple(allow_data),
-               max_upload=max_upload_mb << 20, caps=ZipCaps(max_total=max_unzipped_mb << 20), say=click.echo)
+               max_upload=max_upload_mb << 20, caps=ZipCaps(max_total=max_unzipped_mb << 20), limits=limits,
+               users_file=Path(users_file) if users_file else None, prune_after_s=prune_after_s, say=click.echo)
 
 
 if __name__ == "__main__":

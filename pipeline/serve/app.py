@@ -1,9 +1,11 @@
-"""The HTTP API and web page. Every /jobs call needs the bearer token from `<root>/token`; /health does not, nor
-do the static page and the API description (they hold no job data: the page asks for the token and sends it).
+"""The HTTP API and web page. Every job call needs a bearer token (users.py: one token, or one per user, each user
+seeing only their own jobs); /health, the page and the API description do not (they hold no job data).
 
-A submission is checked whole before anything is written: the options by core/config.py against
-PretrainConfig's own fields (422 naming the option), the body against the size cap while it streams in (413), the
-zip entry by entry (uploads.py). Only then does the job get its folder, and only then its row in the store.
+A submission is refused at the door, before its job exists, when it could not succeed: each option by core/config.py
+against PretrainConfig's declared choices and bounds (422 naming the option), what spans options, the machine and the
+data by checks.py (422), the body against the size cap and an idle deadline while it streams in (413, 408), the zip
+entry by entry (uploads.py, 422), the disk quota (507, saying what is free) and the user's queue (429). Only then does
+the job get its folder and its row. No answer names a path on the server.
 """
 
 from __future__ import annotations
@@ -13,16 +15,16 @@ import json
 import os
 import secrets
 import shutil
-import stat
+import time
 import zipfile
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from fastapi import Depends, FastAPI, HTTPException, Path as PathParam, Request
+from fastapi import Depends, FastAPI, HTTPException, Path as PathParam, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, HTMLResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile
@@ -33,23 +35,26 @@ from core import rundir
 from core.rundir import atomic_path
 from export.formats import FORMATS
 from train.configs import PretrainConfig
-from pipeline.serve import uploads
+from pipeline.serve import checks, uploads
+from pipeline.serve.limits import Limits, no_room_message, parse_age, room
 from pipeline.serve.options import CONFIG_DIR, SERVER_SET, config_names
-from pipeline.serve.runner import RUN, Runner
+from pipeline.serve.runner import CHAIN, LOGS, RUN, Runner, hide_paths
 from pipeline.serve.store import TERMINAL, Store
+from pipeline.serve.users import SINGLE_USER, TOKEN_FILE, load_or_create_token, read_users, who
 
-TOKEN_FILE = "token"
 DB_FILE = "jobs.db"
 PAGE = Path(__file__).with_name("page.html")
 JOB_ID = r"^[0-9a-f]{16}$"
-
-
-def artifacts() -> dict[str, str]:
-    """name a client asks for -> file in the run: each format's file (the format table's), and the report. A
-    directory is sent as a zip made once, inside the job's folder."""
-    return {**{f.file: f"{rundir.EXPORT}/{f.file}" for f in FORMATS.values()}, rundir.REPORT: rundir.REPORT}
-
+AGE = r"^[0-9]{1,9}(\.[0-9]{1,6})?[smhd]?$"  # what limits.parse_age reads
 SUBMIT_FIELDS = ("file", "data", "recipe", "formats")
+# The report is a page of the job's own content (names from the upload among it): served sandboxed, an origin of its
+# own that no script of it could leave (it has none: figures are data: URIs, styles inline), so it can never reach
+# the token the job page holds
+REPORT_CSP = "sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+PAGE_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self' data: "
+            "blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+REPORT_LINK_S = 300  # a report link works this long: opened at once by the page, useless once it leaks later
+PRUNE_EVERY_S = 3600
 
 
 class Job(BaseModel):
@@ -80,24 +85,18 @@ class Health(BaseModel):
     status: str
 
 
-def load_or_create_token(root: Path) -> str:
-    """The bearer token: made at first start into a file only its owner can read; a file others can read is
-    refused (the token would be theirs too)."""
-    path = root / TOKEN_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o077:
-            raise PipelineError(f"token file {path} is readable by others (mode {mode:04o}): chmod 600 {path}")
-        token = path.read_text().strip()
-        if len(token) < 32:
-            raise PipelineError(f"token file {path} is damaged: delete it and start again for a new token")
-        return token
-    token = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return token
+class Pruned(BaseModel):
+    removed: list[str]
+
+
+class Link(BaseModel):
+    url: str
+
+
+def artifacts() -> dict[str, str]:
+    """name a client asks for -> file in the run: each format's file (the format table's), and the report. A
+    directory is sent as a zip made once, inside the job's folder."""
+    return {**{f.file: f"{rundir.EXPORT}/{f.file}" for f in FORMATS.values()}, rundir.REPORT: rundir.REPORT}
 
 
 def artifact_path(run: Path, name: str) -> Path | None:
@@ -123,13 +122,21 @@ class _BodyTooLarge(Exception):
     pass
 
 
-def _capped(receive, limit: int):
-    """The request body, counted as it streams in: past `limit` bytes reading stops (a body without a length)."""
+class _BodyTooSlow(Exception):
+    pass
+
+
+def _capped(receive, limit: int, idle_s: float):
+    """The request body, counted as it streams in: past `limit` bytes reading stops (a body without a length), and
+    so it does when the next chunk takes longer than `idle_s` (a client trickling its upload holds a worker)."""
     seen = 0
 
     async def wrapped():
         nonlocal seen
-        message = await receive()
+        try:
+            message = await asyncio.wait_for(receive(), idle_s)
+        except asyncio.TimeoutError:
+            raise _BodyTooSlow() from None
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > limit:
@@ -141,13 +148,14 @@ def _capped(receive, limit: int):
 
 @dataclass
 class Service:
-    """What every route needs: the job folder and its store, the runner, and what submissions may hold."""
+    """What every route needs: the job folder and its store, the runner, who may call, and what submissions may
+    hold."""
 
     root: Path
     store: Store
     runner: Runner
-    token: str
-    described: dict  # options.describe()'s answer: fields, formats, auto_device
+    users: dict[str, str]  # token -> user name
+    described: dict  # options.describe()'s answer: fields, formats, devices, auto_device, coreml_predicts, own_options
     options_cls: type  # what a submission's options are loaded as: PretrainConfig
     advertised: list  # the fields a client may set, as GET /options lists them
     allow_data: tuple[str, ...]
@@ -155,53 +163,88 @@ class Service:
     caps: uploads.ZipCaps
     run_jobs: bool
     poll_s: float
+    limits: Limits
+    prune_after_s: float | None = None
+    spec_images: dict = field(default_factory=dict)  # allowed SPEC -> checks.Images, counted once
+    links: dict = field(default_factory=dict)  # report link secret -> (job id, user, expiry)
 
-    def job(self, job_id: str) -> dict:
+    def job(self, job_id: str, user: str) -> dict:
+        """The job, if it is this user's: another's answers as one that does not exist."""
         job = self.store.get(job_id)
-        if job is None:
+        if job is None or job["owner"] != user:
             raise HTTPException(404, f"no job {job_id}")
         return job
+
+    def hide(self, text: str, job_id: str | None = None) -> str:
+        return hide_paths(text, self.root / job_id if job_id else None, self.root)
+
+    def prune(self, older_than_s: float, user: str | None = None) -> list[str]:
+        """Remove the jobs (rows and folders) that ended more than `older_than_s` ago; every user's when None."""
+        removed = []
+        for job_id in self.store.ended_before(time.time() - older_than_s, user):
+            if self.store.delete(job_id):
+                shutil.rmtree(self.root / job_id, ignore_errors=True)
+                removed.append(job_id)
+        return removed
 
 
 def create_app(root: Path, described: dict, *, allow_data: tuple[str, ...] = ("digits",),
                max_upload: int = 512 << 20, caps: uploads.ZipCaps | None = None, run_jobs: bool = True,
-               poll_s: float = 0.5) -> FastAPI:
-    """The service over `root` (jobs.db, token, one folder per job). `described` is options.describe()'s answer;
-    run_jobs=False accepts and queues jobs without running them (the unit tests)."""
+               poll_s: float = 0.5, limits: Limits | None = None, users_file: Path | None = None,
+               prune_after_s: float | None = None) -> FastAPI:
+    """The service over `root` (jobs.db, token, one folder per job), readable by its owner alone. `described` is
+    options.describe()'s answer; run_jobs=False accepts and queues jobs without running them (the unit tests)."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(root, 0o700)  # a root made before, or by hand, becomes private too
     store = Store(root / DB_FILE)
     _remove_unrecorded(root, store)
-    svc = Service(root, store, Runner(store, root, poll_s=poll_s), load_or_create_token(root),
-                  described, PretrainConfig, [f for f in described["fields"] if f["name"] not in SERVER_SET],
-                  allow_data, max_upload, caps or uploads.ZipCaps(), run_jobs, poll_s)
+    users = read_users(users_file) if users_file else {load_or_create_token(root): SINGLE_USER}
+    svc = Service(root, store, Runner(store, root, poll_s=poll_s), users, described,
+                  PretrainConfig, [f for f in described["fields"] if f["name"] not in SERVER_SET],
+                  allow_data, max_upload, caps or uploads.ZipCaps(), run_jobs, poll_s, limits or Limits(),
+                  prune_after_s)
 
     @asynccontextmanager
     async def lifespan(app):
+        pruning = asyncio.create_task(_prune_forever(svc)) if prune_after_s is not None else None
         if run_jobs:
             svc.runner.start()
         yield
+        if pruning:
+            pruning.cancel()
         svc.runner.stop()
 
-    app = FastAPI(title="ssl-edge-pipeline", version="1", lifespan=lifespan,
+    # /docs and /redoc are off: their pages load Swagger UI from a CDN, blank offline, and no installed package
+    # ships its assets; the page links /openapi.json, which every OpenAPI tool reads
+    app = FastAPI(title="ssl-edge-pipeline", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Training jobs: upload images, pretrain, evaluate, export and validate an encoder.")
-    app.state.store, app.state.runner, app.state.root = store, svc.runner, root
+    app.state.store, app.state.runner, app.state.root, app.state.service = store, svc.runner, root, svc
     bearer = HTTPBearer(auto_error=False)
 
-    def auth(cred: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
-        if cred is None or not secrets.compare_digest(cred.credentials.encode(), svc.token.encode()):
-            raise HTTPException(401, "a valid bearer token is required (Authorization: Bearer <the token file's text>)",
+    def auth(cred: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> str:
+        user = who(svc.users, cred.credentials) if cred is not None else None
+        if user is None:
+            raise HTTPException(401, "a valid bearer token is required (Authorization: Bearer <your token>)",
                                 headers={"WWW-Authenticate": "Bearer"})
+        return user
 
     _info_routes(app, svc, Depends(auth))
     _job_routes(app, svc, Depends(auth))
     return app
 
 
+async def _prune_forever(svc: Service) -> None:
+    while True:
+        await run_in_threadpool(svc.prune, svc.prune_after_s)
+        await asyncio.sleep(PRUNE_EVERY_S)
+
+
 def _info_routes(app: FastAPI, svc: Service, authed) -> None:
     @app.get("/", include_in_schema=False)
     def page() -> HTMLResponse:
-        return HTMLResponse(PAGE.read_text(), headers={"Cache-Control": "no-store"})
+        return HTMLResponse(PAGE.read_text(), headers={"Cache-Control": "no-store", "Content-Security-Policy": PAGE_CSP,
+                                                       "Referrer-Policy": "no-referrer"})
 
     @app.get("/health", response_model=Health)
     def health() -> dict:
@@ -209,12 +252,23 @@ def _info_routes(app: FastAPI, svc: Service, authed) -> None:
 
     @app.get("/options", dependencies=[authed])
     def options() -> dict:
-        """What POST /jobs accepts: pretraining options (type, default, choices, why), recipes, formats, data SPECs."""
+        """What POST /jobs accepts: pretraining options (type, default, choices, range, why), recipes, formats,
+        devices, data SPECs, and the limits a submission meets."""
+        lim = svc.limits
         return {"options": svc.advertised, "recipes": config_names(), "formats": svc.described["formats"],
-                "data": list(svc.allow_data), "max_upload_bytes": svc.max_upload}
+                "devices": ["auto", *svc.described["devices"]], "data": list(svc.allow_data),
+                "max_upload_bytes": svc.max_upload, "max_unfinished_jobs": lim.max_unfinished,
+                "quota_bytes": lim.quota}
 
 
 JSON_TYPE = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
+
+
+def _range_schema(bounds) -> dict:
+    if not bounds:
+        return {}
+    lo, hi, lo_open, hi_open = bounds
+    return {"exclusiveMinimum" if lo_open else "minimum": lo, "exclusiveMaximum" if hi_open else "maximum": hi}
 
 
 def submit_schema(svc: Service) -> dict:
@@ -231,79 +285,137 @@ def submit_schema(svc: Service) -> dict:
             "recipe": {"type": "string", "enum": config_names(), "description": "start from configs/<recipe>.yaml"},
             "formats": {"type": "string", "enum": svc.described["formats"], "description": "what export writes"},
             **{f["name"]: {"type": JSON_TYPE[f["type"]], "description": f["why"],
-                           **({"enum": f["choices"]} if f["choices"] else {})} for f in svc.advertised}}}}}}}
+                           **({"enum": f["choices"]} if f["choices"] else {}), **_range_schema(f.get("range"))}
+               for f in svc.advertised}}}}}}}
 
 
 def _job_routes(app: FastAPI, svc: Service, authed) -> None:
     job_id_param = PathParam(pattern=JOB_ID, description="a job id as POST /jobs returned it")
 
-    @app.post("/jobs", status_code=201, response_model=Job, dependencies=[authed], openapi_extra=submit_schema(svc),
-              responses={413: {"description": "upload too large"}, 422: {"description": "a bad option or upload"}})
-    async def submit(request: Request) -> dict:
-        return await receive_submission(svc, request)
+    @app.post("/jobs", status_code=201, response_model=Job, openapi_extra=submit_schema(svc),
+              responses={408: {"description": "the upload stalled"}, 413: {"description": "upload too large"},
+                         422: {"description": "a bad option or upload, or data too few for the job"},
+                         429: {"description": "too many of your jobs are queued or running"},
+                         507: {"description": "no room under the disk quota"}})
+    async def submit(request: Request, user: str = authed) -> dict:
+        return await receive_submission(svc, request, user)
 
-    @app.get("/jobs", response_model=list[Job], dependencies=[authed])
-    def list_jobs() -> list[dict]:
-        return [public(j, svc.root) for j in svc.store.list()]
+    @app.get("/jobs", response_model=list[Job])
+    def list_jobs(user: str = authed) -> list[dict]:
+        return [public(j, svc.root) for j in svc.store.list(user)]
 
-    @app.get("/jobs/{job_id}", response_model=Job, dependencies=[authed], responses={404: {}})
-    def job_status(job_id: str = job_id_param) -> dict:
-        return public(svc.job(job_id), svc.root)
+    @app.get("/jobs/{job_id}", response_model=Job, responses={404: {}})
+    def job_status(job_id: str = job_id_param, user: str = authed) -> dict:
+        return public(svc.job(job_id, user), svc.root)
 
-    @app.get("/jobs/{job_id}/events", dependencies=[authed], response_class=StreamingResponse,
+    @app.get("/jobs/{job_id}/events", response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}},
                               "description": "server-sent events: `job` with the job's JSON whenever it changes, "
                                              "until it has ended"}, 404: {}})
-    async def job_events(request: Request, job_id: str = job_id_param) -> StreamingResponse:
-        svc.job(job_id)
+    async def job_events(request: Request, job_id: str = job_id_param, user: str = authed) -> StreamingResponse:
+        svc.job(job_id, user)
         return StreamingResponse(job_event_stream(svc, request, job_id), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    @app.post("/jobs/{job_id}/cancel", response_model=Job, dependencies=[authed],
+    @app.get("/jobs/{job_id}/log", response_class=PlainTextResponse,
+             responses={200: {"content": {"text/plain": {}}, "description": "the last lines of the job's latest "
+                                                                            "stage log"}, 404: {}})
+    def job_log(job_id: str = job_id_param, lines: int = Query(40, ge=1, le=1000), user: str = authed) -> Response:
+        job = svc.job(job_id, user)
+        return PlainTextResponse(svc.hide(log_tail(svc.root / job_id / LOGS, job["stage"], lines), job_id),
+                                 headers={"Cache-Control": "no-store"})
+
+    @app.post("/jobs/{job_id}/cancel", response_model=Job,
               responses={404: {}, 409: {"description": "the job has already ended"}})
-    def cancel(job_id: str = job_id_param) -> dict:
-        svc.job(job_id)
+    def cancel(job_id: str = job_id_param, user: str = authed) -> dict:
+        svc.job(job_id, user)
         if svc.store.cancel(job_id) is None:
             raise HTTPException(409, f"job {job_id} has already ended")
-        return public(svc.job(job_id), svc.root)
+        return public(svc.job(job_id, user), svc.root)
 
-    @app.delete("/jobs/{job_id}", status_code=204, dependencies=[authed],
+    @app.delete("/jobs/{job_id}", status_code=204,
                 responses={404: {}, 409: {"description": "the job is running: cancel it first"}})
-    def delete(job_id: str = job_id_param) -> Response:
-        svc.job(job_id)
+    def delete(job_id: str = job_id_param, user: str = authed) -> Response:
+        svc.job(job_id, user)
         if not svc.store.delete(job_id):
             raise HTTPException(409, f"job {job_id} is running: cancel it first")
         shutil.rmtree(svc.root / job_id, ignore_errors=True)
         return Response(status_code=204)
 
-    @app.get("/jobs/{job_id}/artifacts/{name}", dependencies=[authed], response_class=FileResponse,
+    @app.post("/prune", response_model=Pruned, responses={422: {"description": "a bad age"}})
+    def prune(older_than: str = Query(..., pattern=AGE, description="remove your jobs that ended longer ago than "
+                                                                   "this: 30d, 12h, 90m, 45s"),
+              user: str = authed) -> dict:
+        try:
+            age = parse_age(older_than)
+        except ValueError:
+            raise HTTPException(422, f"`older_than` must be a number with s, m, h or d after it; got {older_than!r}") from None
+        return {"removed": svc.prune(age, user)}
+
+    @app.get("/jobs/{job_id}/artifacts/{name}", response_class=FileResponse,
              responses={200: {"content": {"application/octet-stream": {}}}, 404: {}})
-    def artifact(name: str, job_id: str = job_id_param) -> FileResponse:
-        return artifact_response(svc, svc.job(job_id), name)
+    def artifact(name: str, job_id: str = job_id_param, user: str = authed) -> FileResponse:
+        return artifact_response(svc, svc.job(job_id, user), name)
+
+    @app.post("/jobs/{job_id}/report-link", response_model=Link, responses={404: {}})
+    def report_link(job_id: str = job_id_param, user: str = authed) -> dict:
+        """A link that opens the job's report in a browser without the token, for a few minutes: the report is then
+        a page of its own, sandboxed (REPORT_CSP), never a document of the job page's origin."""
+        artifact_response(svc, svc.job(job_id, user), "report.html")  # 404 unless there is one
+        now = time.time()
+        for secret, (_, _, until) in list(svc.links.items()):
+            if until < now:
+                del svc.links[secret]
+        secret = secrets.token_urlsafe(32)
+        svc.links[secret] = (job_id, user, now + REPORT_LINK_S)
+        return {"url": f"/reports/{secret}"}
+
+    @app.get("/reports/{secret}", response_class=FileResponse, responses={200: {"content": {"text/html": {}}},
+                                                                          404: {}})
+    def report_by_link(secret: str = PathParam(pattern=r"^[A-Za-z0-9_-]{20,64}$")) -> FileResponse:
+        job_id, user, until = svc.links.get(secret, (None, None, 0.0))
+        if until < time.time():
+            raise HTTPException(404, "this report link is unknown or has expired: open the report again from the page")
+        return artifact_response(svc, svc.job(job_id, user), "report.html")
 
 
-async def receive_submission(svc: Service, request: Request) -> dict:
-    """The body read under the size cap (413 past it), then checked and queued off the event loop."""
+async def receive_submission(svc: Service, request: Request, user: str) -> dict:
+    """Refusals that need no body first (size, queue, quota), then the body under the size cap and the idle deadline,
+    then the rest checked and queued off the event loop."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > svc.max_upload:
         raise HTTPException(413, f"the upload is {int(length)} bytes, more than the limit of {svc.max_upload}")
+    _check_queue(svc, user)
+    free = await run_in_threadpool(room, svc.root, svc.limits)
+    if length.isdigit() and int(length) > free:
+        raise HTTPException(507, no_room_message(int(length), free, svc.limits))
     try:
-        form = await Request(request.scope, _capped(request.receive, svc.max_upload)).form(max_files=1, max_fields=200)
+        form = await Request(request.scope, _capped(request.receive, svc.max_upload, svc.limits.body_idle_s)).form(
+            max_files=1, max_fields=200)
     except _BodyTooLarge:
         raise HTTPException(413, f"the upload is more than the limit of {svc.max_upload} bytes") from None
+    except _BodyTooSlow:
+        raise HTTPException(408, f"the upload stalled: no data for {svc.limits.body_idle_s:g} s") from None
     try:
-        return await run_in_threadpool(accept_submission, svc, form)
+        return await run_in_threadpool(accept_submission, svc, form, user)
     finally:
         await form.close()
+
+
+def _check_queue(svc: Service, user: str) -> None:
+    if svc.store.unfinished(user) >= svc.limits.max_unfinished:
+        raise HTTPException(429, f"you have {svc.limits.max_unfinished} jobs queued or running, the most allowed: "
+                                 "wait for one to end or cancel one")
 
 
 def _form_fields(svc: Service, form) -> tuple[dict, UploadFile | None, str | None, str | None, str]:
     """(options, upload, data SPEC, recipe, formats) from the form, each checked; 422 naming the first fault."""
     fields = {}
     for key, value in form.multi_items():
-        if key in fields:
-            raise HTTPException(422, f"`{key}` is given twice")
-        fields[key] = value
+        name = key.replace("-", "_")  # max-steps and max_steps are one option: given both, neither silently wins
+        if name in fields:
+            raise HTTPException(422, f"`{name}` is given twice" + (f" (as `{key}` too)" if key != name else ""))
+        fields[name] = value
     upload = fields.pop("file", None)
     if upload is not None and not isinstance(upload, UploadFile):
         raise HTTPException(422, "`file` must be a file upload (a zip of images)")
@@ -322,41 +434,63 @@ def _form_fields(svc: Service, form) -> tuple[dict, UploadFile | None, str | Non
         raise HTTPException(422, f"`recipe` {recipe!r} is unknown (known: {', '.join(config_names())})")
     if formats not in svc.described["formats"]:
         raise HTTPException(422, f"`formats` must be one of {', '.join(svc.described['formats'])}; got {formats!r}")
-    overrides = {k.replace("-", "_"): v for k, v in fields.items() if v != ""}
+    overrides = {k: v for k, v in fields.items() if v != ""}
     for key in overrides:
         if key in SERVER_SET:
             raise HTTPException(422, f"`{key}` is set by the server (upload a zip or pick `data`)")
     return overrides, upload, spec, recipe, formats
 
 
-def accept_submission(svc: Service, form) -> dict:
-    """Check the whole submission, then give the job its folder (an upload is extracted there) and its row."""
+def accept_submission(svc: Service, form, user: str) -> dict:
+    """Check the whole submission, then give the job its folder (an upload is extracted there and its images
+    counted) and its row."""
     overrides, upload, spec, recipe, formats = _form_fields(svc, form)
     try:
         cfg = load_config(svc.options_cls, CONFIG_DIR / f"{recipe}.yaml" if recipe else None, overrides)
-    except PipelineError as e:
-        raise HTTPException(422, str(e)) from None
-    common = dict(device=cfg.device if cfg.device != "auto" else svc.described["auto_device"], recipe=recipe,
-                  formats=formats, options={k: getattr(cfg, k) for k in overrides})
+        checks.check_options(cfg, svc.described)
+        device = checks.check_machine(cfg, svc.described)
+    except (PipelineError, checks.Refused) as e:
+        raise HTTPException(422, svc.hide(str(e))) from None
+    common = dict(device=device, recipe=recipe, formats=formats, options={k: getattr(cfg, k) for k in overrides},
+                  owner=user, max_unfinished=svc.limits.max_unfinished)
     job_id = _new_job_id(svc.root, svc.store)
-    if upload is None:
-        kind, _, arg = spec.partition(":")
-        folder = Path(arg)
-        labelled = kind != "folder" or (folder.is_dir() and any(p.is_dir() for p in folder.iterdir()))
-        job = svc.store.add(job_id=job_id, data=spec, source=spec, labelled=labelled, skipped=[], **common)
-    else:
-        job_dir = svc.root / job_id
-        try:
-            got = uploads.extract(upload.file, job_dir / "data", svc.caps)
-        except uploads.UploadError as e:
-            shutil.rmtree(job_dir, ignore_errors=True)
-            raise HTTPException(422, str(e)) from None
-        name = Path(upload.filename or "upload.zip").name
-        job = svc.store.add(job_id=job_id, data=f"folder:{got.root}", source=f"{name} ({got.files} files)",
-                            labelled=got.labelled, skipped=got.skipped, **common)
+    job_dir = svc.root / job_id
+    try:
+        if upload is None:
+            images = _spec_images(svc, spec)
+            if images is not None:
+                checks.check_images(images, cfg.batch_size, cfg.val_fraction)
+            labelled = images.labelled if images is not None else True
+            job = svc.store.add(job_id=job_id, data=spec, source=spec, labelled=labelled, skipped=[], **common)
+        else:
+            job_dir.mkdir(mode=0o700)
+            got = uploads.extract(upload.file, job_dir / "data", svc.caps, room=room(svc.root, svc.limits))
+            checks.check_images(checks.folder_images(got.root), cfg.batch_size, cfg.val_fraction)
+            name = Path(upload.filename or "upload.zip").name
+            job = svc.store.add(job_id=job_id, data=f"folder:{got.root}", source=f"{name} ({got.files} files)",
+                                labelled=got.labelled, skipped=got.skipped, **common)
+    except uploads.NoRoom as e:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        raise HTTPException(507, no_room_message(e.needed, room(svc.root, svc.limits), svc.limits)) from None
+    except (uploads.UploadError, checks.Refused) as e:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        raise HTTPException(422, svc.hide(str(e), job_id)) from None
+    except BaseException:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        raise
+    if job is None:  # another submission of this user's took the last place in the meantime
+        shutil.rmtree(job_dir, ignore_errors=True)
+        raise HTTPException(429, f"you have {svc.limits.max_unfinished} jobs queued or running, the most allowed: "
+                                 "wait for one to end or cancel one")
     if svc.run_jobs:
-        svc.runner.kick(common["device"])
+        svc.runner.kick(device)
     return public(job, svc.root)
+
+
+def _spec_images(svc: Service, spec: str) -> checks.Images | None:
+    if spec not in svc.spec_images:
+        svc.spec_images[spec] = checks.spec_images(spec)
+    return svc.spec_images[spec]
 
 
 async def job_event_stream(svc: Service, request: Request, job_id: str):
@@ -380,6 +514,22 @@ async def job_event_stream(svc: Service, request: Request, job_id: str):
         quiet += svc.poll_s
 
 
+def log_tail(logs: Path, stage: str | None, lines: int, read: int = 64 << 10) -> str:
+    """The last `lines` lines of the log of `stage` (the one running, or the last that ran), or of the latest log."""
+    path = logs / f"{stage}.log" if stage else None
+    if path is None or not path.is_file():
+        found = [logs / f"{name}.log" for name in CHAIN if (logs / f"{name}.log").is_file()]
+        if not found:
+            return ""
+        path = found[-1]
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - read))
+        text = f.read().decode(errors="replace")
+    # tqdm's bar redraws one line with carriage returns: its latest state is what a reader wants
+    shown = [line.rsplit("\r", 1)[-1] for line in text.rstrip("\n").split("\n")]
+    return "\n".join(shown[-lines:]) + "\n"
+
+
 def artifact_response(svc: Service, job: dict, name: str) -> FileResponse:
     """A finished job's file (a folder such as the .mlpackage as a zip made once); 404 for anything else."""
     if name not in artifacts():
@@ -391,8 +541,11 @@ def artifact_response(svc: Service, job: dict, name: str) -> FileResponse:
     if path.is_dir():
         path = _zip_once(path, svc.root / job["id"] / "downloads" / f"{name}.zip")
         return FileResponse(path, media_type="application/zip", filename=f"{name}.zip")
-    media = "text/html" if name.endswith(".html") else "application/octet-stream"
-    return FileResponse(path, media_type=media, filename=None if media == "text/html" else name)
+    if name.endswith(".html"):
+        return FileResponse(path, media_type="text/html", headers={
+            "Content-Security-Policy": REPORT_CSP, "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"})
+    return FileResponse(path, media_type="application/octet-stream", filename=name)
 
 
 def _zip_once(folder: Path, out: Path) -> Path:
@@ -436,14 +589,19 @@ def is_loopback(host: str) -> bool:
 
 
 def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: tuple[str, ...], max_upload: int,
-          caps: uploads.ZipCaps, say=print) -> None:
+          caps: uploads.ZipCaps, limits: Limits | None = None, users_file: Path | None = None,
+          prune_after_s: float | None = None, say=print) -> None:
     """`pipeline serve`: one server per root (a lock file), the options read from a child, then uvicorn."""
     import fcntl
 
     import uvicorn
 
+    from pipeline.serve.limits import uvicorn_config
     from pipeline.serve.options import describe
 
+    # Everything the server and its jobs write (the job table, uploads, runs, models) is its owner's alone on a
+    # shared machine; the children inherit the mask
+    os.umask(0o077)
     if not is_loopback(host):
         if not allow_remote:
             raise PipelineError(f"--host {host} is not a loopback address: anyone who can reach it may try the token; "
@@ -452,6 +610,7 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
             "put TLS in front of it (the token travels in clear over plain HTTP)")
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o700)
     lock = open(root / "serve.lock", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -462,17 +621,21 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
     except RuntimeError as e:
         raise PipelineError(str(e)) from None
     # Starlette spools an uploaded file over 1 MiB to a temporary file while it parses the form: keep those under
-    # the root too (same disk as the jobs, removed when the request ends), not in the machine's shared /tmp
+    # the root too (same disk as the jobs, inside the quota, removed when the request ends), not in the shared /tmp
     import tempfile
 
     spool = root / ".uploads"
     shutil.rmtree(spool, ignore_errors=True)  # what a killed server was receiving; only this server uses it
     spool.mkdir(mode=0o700)
     tempfile.tempdir = str(spool)
-    app = create_app(root, described, allow_data=allow_data, max_upload=max_upload, caps=caps)
+    limits = limits or Limits()
+    app = create_app(root, described, allow_data=allow_data, max_upload=max_upload, caps=caps, limits=limits,
+                     users_file=users_file, prune_after_s=prune_after_s)
     shown = f"[{host}]" if ":" in host else host
-    say(f"jobs in {root}; token in {root / TOKEN_FILE} (mode 0600)")
-    say(f"open http://{shown}:{port}/#token={load_or_create_token(root)}  (API description: /docs)")
-    # access_log off: request lines are noise here; a bounded graceful shutdown: an open progress stream (a
-    # browser tab) must not keep Ctrl-C from stopping the server (the running job resumes at the next start)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=3)
+    if users_file:
+        say(f"jobs in {root}; {len(app.state.service.users)} users from {users_file}")
+        say(f"open http://{shown}:{port}/#token=<your token>  (API description: /openapi.json)")
+    else:
+        say(f"jobs in {root}; token in {root / TOKEN_FILE} (mode 0600)")
+        say(f"open http://{shown}:{port}/#token={load_or_create_token(root)}  (API description: /openapi.json)")
+    uvicorn.Server(uvicorn_config(app, host, port, limits)).run()

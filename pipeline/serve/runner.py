@@ -24,7 +24,7 @@ from pathlib import Path
 
 from core import rundir
 from core.config import as_flags
-from pipeline.serve.options import CONFIG_DIR, child_env
+from pipeline.serve.options import CONFIG_DIR, PROJECT, child_env
 from pipeline.serve.store import Store
 
 CHAIN = ("pretrain", "linear-eval", "strip", "trace", "export", "validate", "report")
@@ -126,7 +126,8 @@ class Runner:
                 self.store.finish(job["id"], "cancelled")
                 return
             if rc != 0:
-                self.store.finish(job["id"], "failed", f"{name}: {error_line(job_dir / LOGS / f'{name}.log', rc)}")
+                line = hide_paths(error_line(job_dir / LOGS / f"{name}.log", rc), job_dir, self.root)
+                self.store.finish(job["id"], "failed", f"{name}: {line}")
                 return
             self._after(job, name, run)
         self.store.finish(job["id"], "succeeded")
@@ -210,6 +211,18 @@ def error_line(log: Path, rc: int) -> str:
         if ln.startswith("error:"):
             return ln[len("error:"):].strip()
     return (lines[-1] if lines else "no output") + f" (exit status {rc})"
+
+
+def hide_paths(text: str, job_dir: Path | None = None, root: Path | None = None) -> str:
+    """A line for a client, without the server's own paths: names inside the job's folder become relative to it
+    (`data/photos/a.png`), and the jobs' root, the code's folder and the interpreter's disappear."""
+    text = text.replace(sys.executable, "python")
+    for path, instead in ((job_dir, "."), (root, "."), (PROJECT, "."), (Path(sys.prefix), "<python>"),
+                          (Path(sys.base_prefix), "<python>")):
+        if path is not None:
+            text = text.replace(f"{path}{os.sep}", "" if instead == "." else f"{instead}{os.sep}")
+            text = text.replace(str(path), instead)
+    return text
 
 
 def _kill_group(pid: int, sig: int) -> None:

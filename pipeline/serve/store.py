@@ -48,9 +48,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     error TEXT,
     pid INTEGER,
     cancel INTEGER NOT NULL DEFAULT 0,
-    resumes INTEGER NOT NULL DEFAULT 0
+    resumes INTEGER NOT NULL DEFAULT 0,
+    owner TEXT NOT NULL DEFAULT ''
 );
 """
+# columns added since the first schema: a jobs.db written before them gets them, with their defaults
+_ADDED = {"owner": "TEXT NOT NULL DEFAULT ''"}
 
 
 class Store:
@@ -59,6 +62,10 @@ class Store:
         with closing(self._connect()) as db:
             db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer; survives a kill mid-write
             db.executescript(_SCHEMA)
+            have = {r["name"] for r in db.execute("PRAGMA table_info(jobs)")}
+            for name, decl in _ADDED.items():
+                if name not in have:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
 
     def _connect(self) -> sqlite3.Connection:
         # autocommit mode: each statement commits unless an explicit BEGIN opened a transaction
@@ -68,23 +75,54 @@ class Store:
         return db
 
     def add(self, *, device: str, data: str, source: str, labelled: bool, recipe: str | None, formats: str,
-            options: dict, skipped: list[str], job_id: str | None = None) -> dict:
+            options: dict, skipped: list[str], job_id: str | None = None, owner: str = "",
+            max_unfinished: int | None = None) -> dict | None:
+        """The new job, queued; None if `owner` already has `max_unfinished` jobs queued or running (counted and
+        added in one transaction, so concurrent submissions cannot pass the cap together)."""
         job_id = job_id or new_id()
         with closing(self._connect()) as db:
-            db.execute("INSERT INTO jobs (id, state, device, data, source, labelled, recipe, formats, options, created, "
-                       "skipped) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (job_id, device, data, source, int(labelled), recipe, formats, json.dumps(options), time.time(),
-                        json.dumps(skipped)))
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if max_unfinished is not None and self._unfinished(db, owner) >= max_unfinished:
+                    db.execute("ROLLBACK")
+                    return None
+                db.execute("INSERT INTO jobs (id, state, device, data, source, labelled, recipe, formats, options, "
+                           "created, skipped, owner) VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (job_id, device, data, source, int(labelled), recipe, formats, json.dumps(options),
+                            time.time(), json.dumps(skipped), owner))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
         return self.get(job_id)
+
+    @staticmethod
+    def _unfinished(db, owner: str) -> int:
+        return db.execute("SELECT COUNT(*) FROM jobs WHERE owner = ? AND state IN ('queued', 'running')",
+                          (owner,)).fetchone()[0]
+
+    def unfinished(self, owner: str) -> int:
+        with closing(self._connect()) as db:
+            return self._unfinished(db, owner)
 
     def get(self, job_id: str) -> dict | None:
         with closing(self._connect()) as db:
             row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _decode(row) if row else None
 
-    def list(self) -> list[dict]:
+    def list(self, owner: str | None = None) -> list[dict]:
+        """Every job, oldest first; only `owner`'s when given."""
         with closing(self._connect()) as db:
-            return [_decode(r) for r in db.execute("SELECT * FROM jobs ORDER BY seq")]
+            if owner is None:
+                return [_decode(r) for r in db.execute("SELECT * FROM jobs ORDER BY seq")]
+            return [_decode(r) for r in db.execute("SELECT * FROM jobs WHERE owner = ? ORDER BY seq", (owner,))]
+
+    def ended_before(self, when: float, owner: str | None = None) -> list[str]:
+        """Jobs that ended (succeeded, failed, cancelled) before `when`: what pruning removes."""
+        with closing(self._connect()) as db:
+            rows = db.execute("SELECT id, owner FROM jobs WHERE state IN ('succeeded', 'failed', 'cancelled') "
+                              "AND finished < ? ORDER BY seq", (when,)).fetchall()
+        return [r["id"] for r in rows if owner is None or r["owner"] == owner]
 
     def ids(self) -> set[str]:
         with closing(self._connect()) as db:

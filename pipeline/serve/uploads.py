@@ -23,6 +23,14 @@ class UploadError(ValueError):
     """A refused upload; the message says what is wrong with it."""
 
 
+class NoRoom(Exception):
+    """The zip is sound but unpacks to more than the disk quota leaves: `needed` bytes."""
+
+    def __init__(self, needed: int):
+        super().__init__(needed)
+        self.needed = needed
+
+
 @dataclass
 class ZipCaps:
     max_files: int = 100_000  # a photo library, not a filesystem
@@ -37,10 +45,12 @@ class Extracted:
     files: int
     labelled: bool  # class sub-folders present
     skipped: list[str]
+    size: int  # bytes written
 
 
-def check_zip(fileobj: BinaryIO, caps: ZipCaps) -> tuple[zipfile.ZipFile, list[zipfile.ZipInfo], list[str]]:
-    """Open and vet the whole archive; return it with the entries to extract and the names skipped."""
+def check_zip(fileobj: BinaryIO, caps: ZipCaps) -> tuple[zipfile.ZipFile, list[zipfile.ZipInfo], list[str], int]:
+    """Open and vet the whole archive; return it with the entries to extract, the names skipped and the bytes they
+    unpack to."""
     try:
         zf = zipfile.ZipFile(fileobj)
     except (zipfile.BadZipFile, OSError, EOFError):
@@ -74,22 +84,26 @@ def check_zip(fileobj: BinaryIO, caps: ZipCaps) -> tuple[zipfile.ZipFile, list[z
         keep.append(info)
     if not keep:
         raise UploadError("the zip holds no files")
-    return zf, keep, skipped
+    return zf, keep, skipped, sum(info.file_size for info in keep)
 
 
-def extract(fileobj: BinaryIO, dest: Path, caps: ZipCaps) -> Extracted:
-    """Vet, then extract into `dest` (created; must not exist). Raises UploadError with nothing left behind."""
-    zf, keep, skipped = check_zip(fileobj, caps)
-    dest.mkdir(parents=True)
+def extract(fileobj: BinaryIO, dest: Path, caps: ZipCaps, room: int | None = None) -> Extracted:
+    """Vet, then extract into `dest` (created; must not exist). Raises UploadError with nothing left behind, or
+    NoRoom before writing when the entries unpack to more than `room` bytes."""
+    zf, keep, skipped, size = check_zip(fileobj, caps)
+    if room is not None and size > room:
+        raise NoRoom(size)
+    dest.mkdir(parents=True, mode=0o700)
     base = dest.resolve()
     try:
         for info in keep:
             target = (base / info.filename.replace("\\", "/")).resolve()
             if not target.is_relative_to(base):  # checked above; resolve() is the last word
                 raise UploadError(f"the zip entry {info.filename!r} would land outside the job folder")
-            target.parent.mkdir(parents=True, exist_ok=True)
+            for folder in reversed(target.relative_to(base).parents[:-1]):  # each one private, not just the last
+                (base / folder).mkdir(exist_ok=True, mode=0o700)
             # O_EXCL | O_NOFOLLOW: never write through a link or over a file an earlier entry made
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
             with os.fdopen(fd, "wb") as out, zf.open(info) as src:
                 shutil.copyfileobj(src, out, 1 << 20)
     except FileExistsError as e:
@@ -107,4 +121,4 @@ def extract(fileobj: BinaryIO, dest: Path, caps: ZipCaps) -> Extracted:
     if len(entries) == 1 and entries[0].is_dir():
         root = entries[0]
     labelled = any(p.is_dir() for p in root.iterdir())
-    return Extracted(root=root, files=len(keep), labelled=labelled, skipped=skipped)
+    return Extracted(root=root, files=len(keep), labelled=labelled, skipped=skipped, size=size)

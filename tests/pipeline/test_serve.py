@@ -16,9 +16,11 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from pipeline.serve import uploads  # noqa: E402
-from pipeline.serve.app import create_app  # noqa: E402
 from pipeline.serve.options import describe  # noqa: E402
 from pipeline.serve.store import Store  # noqa: E402
+from tests.pipeline.serve_helpers import files_under, make_app, photos, png, token_of, zip_bytes  # noqa: E402
+
+SMALL = {"batch_size": "8"}  # synthetic:48 holds 44 training images: the default batch of 128 is refused
 
 
 @pytest.fixture(scope="module")
@@ -26,44 +28,14 @@ def described():
     return describe()
 
 
-def make_app(root: Path, described, **kw):
-    kw.setdefault("allow_data", ("synthetic:48",))
-    return create_app(root, described, run_jobs=False, **kw)
-
-
 @pytest.fixture
 def client(tmp_path, described):
     app = make_app(tmp_path / "root", described, max_upload=64 << 10,
                    caps=uploads.ZipCaps(max_total=1 << 20, max_files=50, ratio_floor=4096))
     with TestClient(app) as c:
-        c.headers["Authorization"] = "Bearer " + (tmp_path / "root" / "token").read_text().strip()
+        c.headers["Authorization"] = "Bearer " + token_of(tmp_path / "root")
         c.root = tmp_path / "root"
         yield c
-
-
-def zip_bytes(entries: dict[str, bytes], links: dict[str, str] = {}) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in entries.items():
-            zf.writestr(name, data)
-        for name, target in links.items():
-            info = zipfile.ZipInfo(name)
-            info.external_attr = (stat.S_IFLNK | 0o777) << 16
-            zf.writestr(info, target)
-    return buf.getvalue()
-
-
-def png(seed: int) -> bytes:
-    import numpy as np
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(out, "PNG")
-    return out.getvalue()
-
-
-def files_under(path: Path) -> set[str]:
-    return {str(p.relative_to(path)) for p in path.rglob("*")}
 
 
 # --- auth and the token file
@@ -125,7 +97,7 @@ def test_binding_beyond_loopback_needs_the_flag_and_one_root_has_one_server(tmp_
     ({"data": ""}, "data"),
 ])
 def test_a_bad_option_is_422_naming_it(client, fields, named):
-    body = {"data": "synthetic:48", **fields}
+    body = {"data": "synthetic:48", **SMALL, **fields}
     if body["data"] == "":
         del body["data"]
     r = client.post("/jobs", data=body)
@@ -136,11 +108,13 @@ def test_a_bad_option_is_422_naming_it(client, fields, named):
 
 def test_a_good_submission_is_queued_with_its_options_typed(client):
     r = client.post("/jobs", data={"data": "synthetic:48", "method": "byol", "epochs": "3", "image-size": "16",
-                                   "lr": "0.5", "compile": "false", "recipe": "byol-small", "formats": "onnx"})
+                                   "lr": "0.5", "compile": "false", "recipe": "byol-small", "formats": "onnx",
+                                   "batch_size": "8"})
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["state"] == "queued" and job["device"] == "cpu" and job["recipe"] == "byol-small"
-    assert job["options"] == {"method": "byol", "epochs": 3, "image_size": 16, "lr": 0.5, "compile": False}
+    assert job["options"] == {"method": "byol", "epochs": 3, "image_size": 16, "lr": 0.5, "compile": False,
+                              "batch_size": 8}
     assert client.get(f"/jobs/{job['id']}").json()["id"] == job["id"]
     assert [j["id"] for j in client.get("/jobs").json()] == [job["id"]]
     opts = client.get("/options").json()
@@ -215,14 +189,15 @@ def test_a_header_that_understates_a_size_fails_the_crc_and_leaves_nothing(tmp_p
 
 
 def test_a_good_upload_lands_in_its_job_folder_only(client, tmp_path):
-    entries = {f"photos/{c}/{i}.png": png(i) for c in ("cat", "dog") for i in range(3)}
+    entries = photos({"cat": 10, "dog": 10})
     entries.update({"photos/notes.txt": b"not an image", "__MACOSX/photos/._0.png": b"x", "photos/.DS_Store": b"x"})
     before = files_under(tmp_path)
-    r = client.post("/jobs", files={"file": ("photos.zip", zip_bytes(entries), "application/zip")}, data={"epochs": "1"})
+    r = client.post("/jobs", files={"file": ("photos.zip", zip_bytes(entries), "application/zip")},
+                    data={"epochs": "1", **SMALL})
     assert r.status_code == 201, r.text
     job = r.json()
     assert sorted(job["skipped"]) == ["__MACOSX/photos/._0.png", "photos/.DS_Store"]
-    assert job["source"] == "photos.zip (7 files)"
+    assert job["source"] == "photos.zip (21 files)"
     new = files_under(tmp_path) - before
     assert all(n.startswith(f"root/{job['id']}") or n.startswith("root/jobs.db") for n in new), new
     data = client.root / job["id"] / "data" / "photos"
@@ -232,7 +207,7 @@ def test_a_good_upload_lands_in_its_job_folder_only(client, tmp_path):
 
 
 def test_a_flat_zip_is_unlabelled(client):
-    r = client.post("/jobs", files={"file": ("flat.zip", zip_bytes({f"{i}.png": png(i) for i in range(3)}))})
+    r = client.post("/jobs", files={"file": ("flat.zip", zip_bytes(photos({"": 20}, top="")))}, data=SMALL)
     assert r.status_code == 201
     assert not Store(client.root / "jobs.db").get(r.json()["id"])["labelled"]  # no linear-eval for it
 
@@ -240,7 +215,7 @@ def test_a_flat_zip_is_unlabelled(client):
 # --- job lifecycle without running
 
 def test_cancel_and_delete(client):
-    job = client.post("/jobs", data={"data": "synthetic:48"}).json()
+    job = client.post("/jobs", data={"data": "synthetic:48", **SMALL}).json()
     assert client.get(f"/jobs/{job['id']}/artifacts/encoder.mlmodel").status_code == 404
     assert client.get(f"/jobs/{job['id']}/artifacts/secret.txt").status_code == 404
     r = client.post(f"/jobs/{job['id']}/cancel")
@@ -256,7 +231,7 @@ def test_cancel_and_delete(client):
 
 
 def test_a_running_job_cannot_be_deleted(client):
-    job = client.post("/jobs", data={"data": "synthetic:48"}).json()
+    job = client.post("/jobs", data={"data": "synthetic:48", **SMALL}).json()
     assert Store(client.root / "jobs.db").claim("cpu")["id"] == job["id"]
     assert client.delete(f"/jobs/{job['id']}").status_code == 409
     assert client.post(f"/jobs/{job['id']}/cancel").json()["state"] == "running"  # the runner stops it
@@ -266,9 +241,9 @@ def test_a_running_job_cannot_be_deleted(client):
 def test_jobs_survive_a_new_server_on_the_same_root(tmp_path, described):
     root = tmp_path / "root"
     app = make_app(root, described)
-    auth = {"Authorization": "Bearer " + (root / "token").read_text().strip()}
+    auth = {"Authorization": "Bearer " + token_of(root)}
     with TestClient(app) as c:
-        ids = [c.post("/jobs", data={"data": "synthetic:48"}, headers=auth).json()["id"] for _ in range(3)]
+        ids = [c.post("/jobs", data={"data": "synthetic:48", **SMALL}, headers=auth).json()["id"] for _ in range(3)]
     (root / "0123456789abcdef").mkdir()  # an upload a killed server never recorded
     with TestClient(make_app(root, described)) as c:
         assert [j["id"] for j in c.get("/jobs", headers=auth).json()] == ids
@@ -296,7 +271,7 @@ def test_openapi_fuzz(tmp_path, described):
     from hypothesis import HealthCheck, given, settings
 
     app = make_app(tmp_path / "root", described, max_upload=64 << 10)
-    auth = {"Authorization": "Bearer " + (tmp_path / "root" / "token").read_text().strip()}
+    auth = {"Authorization": "Bearer " + token_of(tmp_path / "root")}
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 8
