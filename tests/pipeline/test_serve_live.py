@@ -283,10 +283,13 @@ def test_the_page_uploads_shows_progress_survives_a_restart_and_downloads(tmp_pa
             seen, bar = set(), set()
 
             def finished():
+                # the state first: the page sets state and bar in one render, so a bar read after a final state
+                # is that state's bar (read before it, the last sample could miss the succeeded bar)
+                state = driver.find_element(By.ID, "d-state").text
                 seen.add(driver.find_element(By.ID, "d-line").text.split(" · ")[0])
                 progress = driver.find_element(By.ID, "d-progress")
                 bar.add((progress.get_attribute("value"), progress.get_attribute("max")))
-                return driver.find_element(By.ID, "d-state").text in ("succeeded", "failed", "cancelled")
+                return state in ("succeeded", "failed", "cancelled")
 
             wait_for(finished, JOB_S, 0.2)
             assert driver.find_element(By.ID, "d-state").text == "succeeded", (
