@@ -15,7 +15,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import shlex
 import uuid
 from pathlib import Path
 
@@ -87,7 +86,7 @@ def unfinished(ckpt: dict, run_dir: Path) -> str | None:
     if step >= end:
         return None
     world = meta.get("world_size", 1)
-    resume = shlex.join(["pipeline", "pretrain", "--resume", "--out", str(run_dir), *(["--gpus", str(world)] if world > 1 else [])])
+    resume = rundir.resume_command(run_dir, world)
     return (f"warning: {Path(run_dir) / rundir.LAST_CHECKPOINT} is of an unfinished run (step {step} of {end}): "
             f"`{resume}` trains it to the end")
 

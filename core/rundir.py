@@ -220,3 +220,8 @@ def command_for(name: str, run_dir: Path, *extra: str) -> str:
     default run, which every command reads when --run is left out)."""
     here = [] if Path(run_dir) == DEFAULT_RUN else ["--out" if name == "pretrain" else "--run", str(run_dir)]
     return shlex.join(["pipeline", name, *here, *extra])
+
+
+def resume_command(run_dir: Path, world: int = 1) -> str:
+    """The command that trains a stopped or unfinished run on from its last.pt, with its own number of processes."""
+    return shlex.join(["pipeline", "pretrain", "--resume", "--out", str(run_dir), *(["--gpus", str(world)] if world > 1 else [])])

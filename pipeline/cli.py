@@ -237,11 +237,7 @@ def missing_input(name: str, run_dir: Path) -> str | None:
 
 def recorded_data(run_dir: Path) -> str:
     """The data SPEC the run was trained on (its config.yaml), or "" before it has one."""
-    from core.config import load_config
-    from train.configs import PretrainConfig
-
-    path = run_dir / rundir.CONFIG
-    return load_config(PretrainConfig, path).data if path.is_file() else ""
+    return _pretrain_data(None, {}, run_dir, resume=True) or ""
 
 
 def check_inputs(name: str, run_dir: Path, cfg) -> None:

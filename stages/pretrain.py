@@ -17,7 +17,6 @@ import dataclasses
 import json
 import math
 import os
-import shlex
 import signal
 import time
 from dataclasses import dataclass, field
@@ -331,9 +330,8 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print, ove
         distributed.cleanup(wait=ended)
     last = run_dir / rundir.LAST_CHECKPOINT
     if stopped:
-        again = ["pipeline", "pretrain", "--resume", "--out", str(run_dir), *(["--gpus", str(world)] if world > 1 else [])]
         line = (f"stopped by {signal.Signals(stopped).name} at step {step} of {r.stop_at}: {last} holds it; "
-                f"`{shlex.join(again)}` goes on from step {step}")
+                f"`{rundir.resume_command(run_dir, world)}` goes on from step {step}")
     else:
         line = ""
         r.say(f"done: step {step}/{r.training.total_steps}, loss {loss:.4f}, checkpoint {last}")
