@@ -29,6 +29,7 @@ from typing import Callable
 from core.errors import PipelineError
 
 SMALL_STEM_MAX_SIZE = 64  # at or below this, the ImageNet stem (stride 4 before the first stage) throws away most pixels
+MAX_IMAGE_SIZE = 1024  # any larger side is a mistake here, not a photo: refused by name
 VIT_PATCH = 16  # the patch of every torchvision ViT named *_16
 VIT_SMALL_PATCH = 4
 
@@ -157,8 +158,8 @@ def check_image_size(name: str, small: bool, image_size: int) -> None:
     """One line for an image side this backbone cannot take: below its total stride, or not a whole number of
     ViT patches."""
     lo, stem = min_image_size(name, small), "small" if small else "ImageNet"
-    if not lo <= image_size <= 1024:
-        raise PipelineError(f"image size {image_size} is impossible for {name} with the {stem} stem: use {lo}..1024")
+    if not lo <= image_size <= MAX_IMAGE_SIZE:
+        raise PipelineError(f"image size {image_size} is impossible for {name} with the {stem} stem: use {lo}..{MAX_IMAGE_SIZE}")
     if row(name).family == "vit" and image_size % lo:
         raise PipelineError(f"image size {image_size} is not a multiple of {name}'s patch {lo} ({stem} stem): use "
                             f"{image_size // lo * lo or lo} or {(image_size // lo + 1) * lo}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from core.config import Range, opt
 from train import methods
-from train.backbones import BACKBONES
+from train.backbones import BACKBONES, MAX_IMAGE_SIZE  # the smallest side is each backbone row's
 
 AUGMENT_MODES = ("auto", "cpu", "device")  # where views are made (train.augment.augment_mode)
 PREPROCESS_CHOICES = ("auto", "torch", "coreml")  # per-image preprocessing backend (train.preprocess)
@@ -42,7 +42,7 @@ class PretrainConfig:
     image_size: int = opt(32, "training crop side in pixels; 32 = CIFAR's, where the small recipes were measured. On a "
                               "CPU it is slow: ~15 s of CPU time per step of 128 (2 free cores: the default 120 steps "
                               "take 15-20 min, hours on a busy machine; `make all` trains digits at 8 px in minutes); "
-                              "`pipeline bench --device cpu` times a step on yours", range=Range(8, 1024))
+                              "`pipeline bench --device cpu` times a step on yours", range=Range(1, MAX_IMAGE_SIZE))
     store_size: int = opt(0, "side at which images are decoded and kept; 0 = image size for array datasets, 8/7 x for folders", range=Range(0, 4096))
     epochs: int = opt(10, "passes over the train split", range=Range(1, 100_000))
     batch_size: int = opt(128, "global batch: images per step over all processes (each of N GPUs takes batch/N; each image gives two views)", range=Range(2, 65_536))
@@ -89,7 +89,7 @@ class PretrainConfig:
     max_steps: int = opt(0, "stop after this many steps in all, counted from the run's start (0 = every epoch); at most the steps of --epochs: more is refused, as the learning-rate schedule spans the epochs (raise --epochs to train longer); a run cut short goes on exactly with --resume --max-steps 0", range=Range(0, 10**9))
     log_every: int = opt(10, "steps between metrics.jsonl lines", range=Range(1, 10**9))
     save_every: int = opt(0, "also keep checkpoints/epoch_NNNN.pt every N epochs (0 = only last.pt)", range=Range(0, 100_000))
-    checkpoint_every_s: float = opt(120.0, "write checkpoints/last.pt at the first epoch end this many seconds after the last write, and at the end; a crash loses at most this much training (0 = every epoch: on small data one write, ~190 MB for BYOL, took longer than an epoch)", range=Range(0))
+    checkpoint_every_s: float = opt(120.0, "write checkpoints/last.pt at the first epoch end this many seconds after the last write, and at the end; a crash loses at most this much training (0 = every epoch: on small data one write, ~190 MB for BYOL, took longer than an epoch)", range=Range(0, 10**7))
     knn_every: int = opt(0, "kNN top-1 of val against train into metrics.jsonl every N epochs (0 = off: costs a pass over the data)", range=Range(0, 100_000))
 
 

@@ -267,8 +267,9 @@ JSON_TYPE = {"int": "integer", "float": "number", "str": "string", "bool": "bool
 def _range_schema(bounds) -> dict:
     if not bounds:
         return {}
-    lo, hi, lo_open, hi_open = bounds
-    return {"exclusiveMinimum" if lo_open else "minimum": lo, "exclusiveMaximum" if hi_open else "maximum": hi}
+    lo, hi, lo_open, hi_open = bounds  # None: that side is open-ended
+    return {**({"exclusiveMinimum" if lo_open else "minimum": lo} if lo is not None else {}),
+            **({"exclusiveMaximum" if hi_open else "maximum": hi} if hi is not None else {})}
 
 
 def submit_schema(svc: Service) -> dict:

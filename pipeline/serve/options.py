@@ -9,6 +9,7 @@ starts fast.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,6 +44,11 @@ def machine_facts() -> dict:
             "own_options": {name: {"title": spec.title, "options": list(spec.own_options)} for name, spec in METHODS.items()}}
 
 
+def _finite(bounds) -> list | None:
+    """A Range as JSON holds it: an open-ended side is None (JSON has no infinity)."""
+    return [None if isinstance(x, float) and math.isinf(x) else x for x in bounds] if bounds else None
+
+
 def describe(timeout: float = 300) -> dict:
     """PretrainConfig's fields (name, type, default, choices, range, why), the export groups, and the machine's
     facts, asked of a child; RuntimeError with the child's last line if it fails."""
@@ -52,7 +58,7 @@ def describe(timeout: float = 300) -> dict:
         bounds = f.metadata.get("range")
         fields.append({"name": name, "type": tp.__name__, "optional": tp is not f.type, "default": f.default,
                        "why": f.metadata.get("why", ""), "choices": list(f.metadata.get("choices") or []) or None,
-                       "range": list(bounds) if bounds else None})
+                       "range": _finite(bounds)})
     done = subprocess.run([sys.executable, "-c", MACHINE], capture_output=True, text=True, env=child_env(),
                           cwd=PROJECT, timeout=timeout)
     if done.returncode != 0:

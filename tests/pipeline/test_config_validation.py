@@ -27,7 +27,7 @@ from tests.cli_helpers import assert_one_line_error, cli
     ("lr: .nan\n", "`lr` must be a finite number, got nan"),
     ("temperature: .inf\n", "`temperature` must be a finite number, got inf"),
     ("seed: -1\n", "`seed` must be >= 0"),
-    ("image_size: 1025\n", "`image_size` must be >= 8 and <= 1024, got 1025"),
+    ("image_size: 1025\n", "`image_size` must be >= 1 and <= 1024, got 1025"),
 ])
 def test_out_of_range_values_are_one_line_errors(tmp_path, text, needle):
     f = tmp_path / "bad.yaml"
@@ -49,7 +49,7 @@ def test_values_on_the_bounds_are_accepted(tmp_path, over):
 
 @pytest.mark.parametrize("over,message", [
         ({"image_size": 16, "small_stem": "off"}, "image size 16 is impossible for resnet18 with the ImageNet stem: use 32..1024"),
-    ({"image_size": 7, "small_stem": "on"}, "--image-size: `image_size` must be >= 8 and <= 1024, got 7"),
+    ({"image_size": 7, "small_stem": "on"}, "image size 7 is impossible for resnet18 with the small stem: use 8..1024"),
     ({"store_size": 48, "image_size": 64}, "store_size 48 is smaller than image_size 64"),
     ({"lars_eta": 0.0}, "--lars-eta: `lars_eta` must be > 0 and <= 1, got 0.0"),
     ({"checkpoint_every_s": -0.5}, "--checkpoint-every-s: `checkpoint_every_s` must be >= 0 and <= 10000000, got -0.5"),

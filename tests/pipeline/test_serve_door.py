@@ -65,7 +65,7 @@ def refused(client, tmp_path, status, words, **post):
     ({"num_workers": "100000"}, ["`num_workers` must be >= -1 and <= 64", "got 100000"]),
     ({"seed": "-1"}, ["`seed` must be >= 0"]),
     ({"momentum_base": "1.5"}, ["`momentum_base` must be >= 0 and <= 1"]),
-    ({"image_size": "4"}, ["`image_size` must be >= 8"]),
+    ({"image_size": "4"}, ["image size 4 is impossible for resnet18 with the small stem: use 8..1024"]),
     ({"image_size": "16", "small_stem": "off"}, ["image size 16 is impossible for resnet18 with the ImageNet stem", "32..1024"]),
     ({"image_size": "30", "backbone": "vit_t_16"}, ["not a multiple of vit_t_16's patch 4"]),
     ({"store_size": "16", "image_size": "32"}, ["`store_size` 16 is smaller than `image_size` 32"]),

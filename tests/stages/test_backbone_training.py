@@ -128,6 +128,7 @@ def test_the_job_service_takes_every_backbone(tmp_path):
     with TestClient(create_app(tmp_path / "root", described, run_jobs=False, allow_data=("synthetic:48",))) as c:
         c.headers["Authorization"] = "Bearer " + (tmp_path / "root" / "token").read_text().strip()
         for name in ("mobilenet_v3_small", "vit_t_16"):
-            r = c.post("/jobs", data={"data": "synthetic:48", "backbone": name, "image-size": "32"})
+            r = c.post("/jobs", data={"data": "synthetic:48", "backbone": name, "image-size": "32",
+                                          "batch-size": "8"})
             assert r.status_code == 201, r.text
             assert r.json()["options"]["backbone"] == name
