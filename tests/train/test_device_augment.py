@@ -88,7 +88,7 @@ def test_random_draws_have_the_cpu_paths_statistics():
     """Different draws (per batch vs per image), same distribution: summaries over 2 x 256 views agree."""
     data = make_synthetic(256, 40, seed=0)
     recipes = augment.recipes_for("simclr", 32)
-    ds = augment.TwoViewDataset(data.images, recipes, 32, seed=0, epoch=0)
+    ds = augment.ViewDataset(data.images, recipes, 32, seed=0, epoch=0)
     cpu = torch.cat([torch.stack([ds[i][v] for i in range(len(ds))]) for v in (0, 1)]).float() / 255
     p = device_augment.rows_of(list(device_augment.draw_params(256, recipes, 40, seed=5, epoch=0, batch=0)), slice(0, 256))
     dev = device_augment.apply_views(torch.cat([data.images, data.images]), p, 32)  # both views, as a step makes them
