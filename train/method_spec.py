@@ -13,7 +13,8 @@ from core.views import ViewRecipe
 @dataclass(frozen=True)
 class Recipe:
     values: dict  # PretrainConfig fields the recipe sets when the user did not
-    views: dict = field(default_factory=dict)  # ViewRecipe fields changed on every view (empty: the paper's views)
+    # ViewRecipe fields changed on every view (empty: the paper's views); crop_scale on those at the run's size only
+    views: dict = field(default_factory=dict)
     source: str = ""  # where the values come from and what was changed here
 
 

@@ -109,15 +109,15 @@ def view_values(name: str, method: str) -> dict:
 
 def views_for(name: str, method: str, image_size: int, min_scale: float | None = None,
               solarize: float | None = None) -> tuple[augment.ViewRecipe, ...]:
-    """The views of the method's paper (blur dropped at <= 64 px, augment.recipes_for), with the recipe's changes
-    applied to every one, the smallest crop of the views at the run's size set to min_scale when given
-    (--crop-min-scale; a multi-crop method's smaller views keep their own crop scale, which is what makes them
-    local), and the second view's solarization chance set to `solarize` when given (--solarize-p; the first view
-    keeps the paper's: none)."""
-    changes = RECIPES[name][method].views
-    views = [dataclasses.replace(v, **changes) for v in augment.recipes_for(method, image_size)]
+    """The views of the method's paper (blur dropped at <= 64 px, augment.recipes_for) with the recipe's changes,
+    the smallest crop set to min_scale when given (--crop-min-scale), and the second view's solarization chance set
+    to `solarize` when given (--solarize-p; the first view keeps the paper's: none). The crop scale changes the
+    views at the run's size only: a multi-crop method's smaller views keep their own, which is what makes them local."""
+    changes = dict(RECIPES[name][method].views)
     if min_scale is not None:
-        views = [dataclasses.replace(v, crop_scale=(min_scale, 1.0)) if v.size == 1.0 else v for v in views]
+        changes["crop_scale"] = (min_scale, 1.0)
+    local = {k: v for k, v in changes.items() if k != "crop_scale"}
+    views = [dataclasses.replace(v, **(changes if v.size == 1.0 else local)) for v in augment.recipes_for(method, image_size)]
     if solarize is not None:
         views[1] = dataclasses.replace(views[1], solarize_p=solarize)
     return tuple(views)
