@@ -42,7 +42,7 @@ def view_sizes(method: str, image_size: int) -> tuple[int, ...]:
 
 def sample_params(n: int, recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dict[str, torch.Tensor]:
     """Per-image random parameters for one view of n square images of side src_size. Drawn with numpy: many small
-    draws cost far less in numpy than as torch's small-tensor ops, and the device path draws two views of every
+    draws cost far less in numpy than as torch's small-tensor ops, and the device path draws every view of each
     batch on the host between GPU steps."""
 
     def u(lo, hi, shape=(n,)):
