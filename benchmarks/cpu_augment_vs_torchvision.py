@@ -4,7 +4,7 @@ in one process and one run, so both see the same machine at the same time.
 Paths, each making the two SimCLR views of one image (the project's recipe: RandomResizedCrop 0.08-1, flip 0.5,
 colour jitter 0.8/0.8/0.8/0.2 in a random order with p 0.8, grayscale 0.2, blur p 0.5 with sigma 0.1-2 at 224 px
 and off at 32 px):
-- project: augment.TwoViewDataset, what DataLoader workers run (uint8 views; normalised per batch later);
+- project: augment.ViewDataset, what DataLoader workers run (uint8 views; normalised per batch later);
 - project float reference: the same Dataset with the float torchvision-on-tensor ops (the path `augment.apply_view` keeps as the reference);
 - torchvision on PIL: lightly's SimCLR recipe written with torchvision.transforms.v2 on PIL images (PIL's
   GaussianBlur, as lightly's), ending in ToImage + ToDtype(float) + Normalize as lightly's does; and the same
@@ -141,7 +141,7 @@ def coreml_paths(images: torch.Tensor, recipes, size: int, args) -> dict:
     for how, label in (("evaluator", "project, --preprocess coreml (calls by the reference evaluator)"),
                        ("free", "project, --preprocess coreml (calls free: the worker's CPU share)")):
         backend = preprocess.CoreMLPreprocess(size, args.coreml_cache or None)  # builds (or finds) the models
-        ds = augment.TwoViewDataset(images, recipes, size, seed=0, epoch=0, preprocess=backend)
+        ds = augment.ViewDataset(images, recipes, size, seed=0, epoch=0, preprocess=backend)
 
         def item(i: int, ds=ds, how=how):
             with CoreMLStandIn(how):
@@ -215,8 +215,8 @@ def run_size(size: int, args, device: torch.device) -> dict:
     tv_float = torchvision_recipe(recipes[0], size, uint8=False)
     tv_uint8 = torchvision_recipe(recipes[0], size, uint8=True)
     light = lightly_transform(size, recipes[0].blur_p)
-    project = augment.TwoViewDataset(images, recipes, size, seed=0, epoch=0)
-    reference = augment.TwoViewDataset(images, recipes, size, seed=0, epoch=0, preprocess=preprocess.TORCH_PREPROCESS)
+    project = augment.ViewDataset(images, recipes, size, seed=0, epoch=0)
+    reference = augment.ViewDataset(images, recipes, size, seed=0, epoch=0, preprocess=preprocess.TORCH_PREPROCESS)
     fns = {
         "project": project.__getitem__,
         "project float reference (before)": reference.__getitem__,

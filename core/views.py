@@ -33,6 +33,14 @@ class ViewRecipe:
     blur_p: float = 0.0
     blur_sigma: tuple[float, float] = (0.1, 2.0)
     solarize_p: float = 0.0
+    # The view's side as a share of the run's image size: 1 for the views every method has; a multi-crop method's
+    # local crops are smaller (DINO's 96 px of a 224 px run: 96 / 224).
+    size: float = 1.0
+
+
+def view_side(recipe: ViewRecipe, image_size: int) -> int:
+    """The side in pixels of a view made by `recipe` in a run of image_size px."""
+    return image_size if recipe.size == 1.0 else max(1, round(recipe.size * image_size))
 
 
 def blur_kernel_size(image_size: int) -> int:

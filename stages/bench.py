@@ -3,13 +3,13 @@
 For one configuration it reports
 - e2e img/s: the training step (training.train_step) fed by the real batch source (training.view_batches: the
   device path, or CPU DataLoader workers with --augment cpu), reading each loss one step late as the loop does;
-- ceiling img/s: the same step on two ready views already on the device (no augmentation, no data movement);
+- ceiling img/s: the same step on ready views already on the device (no augmentation, no data movement);
 - ratio = e2e / ceiling; data-wait %: share of the e2e time the host spent waiting for its next batch (for the
   device path that is the time to draw parameters and queue the augmentation kernels, whose GPU time shows in the
   ratio instead); augment ms: the batch source alone, per step; peak memory (CUDA: allocated by torch; CPU: the
   process's peak resident set, DataLoader workers not included).
 Every figure is the median of several timed windows after warm-up; each window starts and ends with a device
-synchronisation, so GPU work is counted in the window that queued it. img/s counts images (each gives two
+synchronisation, so GPU work is counted in the window that queued it. img/s counts images (each gives its method's
 views), over all processes. The images are synthetic uint8 noise at the store size (pixel values do not change
 what any op costs), laid out as one epoch long enough that no window crosses an epoch boundary.
 """
@@ -220,20 +220,20 @@ def measure(cfg: BenchConfig, device: torch.device) -> dict:
     training.model.train()
     state = {"step": 0, "last": None}
 
-    def fed(x1, x2) -> None:
-        loss = train_step(training, x1, x2, state["step"])
+    def fed(views) -> None:
+        loss = train_step(training, views, state["step"])
         if state["last"] is not None:
             float(state["last"])  # the loop reads each loss one step late; so does the benchmark
         state["step"] += 1
         state["last"] = loss
 
-    # ceiling: two ready views on the device, the same step
+    # ceiling: the method's views ready on the device, the same step
     fmt = torch.channels_last if training.channels_last else torch.contiguous_format
-    ready = [torch.randn(p.batch // world, 3, cfg.image_size, cfg.image_size, device=device).contiguous(memory_format=fmt)
-             for _ in range(2)]
+    ready = [torch.randn(p.batch // world, 3, side, side, device=device).contiguous(memory_format=fmt)
+             for side in augment.view_sizes(cfg.method, cfg.image_size)]
 
     def ceiling_step() -> float:
-        fed(*ready)
+        fed(ready)
         return 0.0
 
     ceiling = phase(cfg, p, device, ceiling_step, "ceiling", rank, world)
@@ -245,9 +245,9 @@ def measure(cfg: BenchConfig, device: torch.device) -> dict:
 
     def e2e_step() -> float:
         t0 = time.perf_counter()
-        x1, x2 = next(source)
+        views = next(source)
         waited = time.perf_counter() - t0
-        fed(x1, x2)
+        fed(views)
         return waited
 
     e2e = phase(cfg, p, device, e2e_step, "e2e", rank, world)
@@ -335,7 +335,7 @@ def _median_ms(fn, items: list, windows: int, warmup: int) -> float:
 def time_per_image(choice: str, method: str, size: int, store_size: int, images: int, windows: int, warmup: int,
                    seed: int, cache_root=None) -> dict:
     """ms per image of each op of preprocessing backend `choice` (train/preprocess.py) on random images and
-    parameters (SimCLR's widest jitter), and of the two views a training item costs (TwoViewDataset with
+    parameters (SimCLR's widest jitter), and of the views a training item costs (ViewDataset with
     `method`'s recipes, crop and hue included)."""
     name, why = preprocess.resolve_backend(choice)
     backend = preprocess.make_backend(name, size, cache_root)
@@ -349,7 +349,7 @@ def time_per_image(choice: str, method: str, size: int, store_size: int, images:
     jitter = lambda i: backend.color_jitter(  # noqa: E731
         views[i], p["jitter_order"][i].tolist(), float(p["brightness"][i]), float(p["contrast"][i]),
         float(p["saturation"][i]), float(p["hue"][i]))
-    dataset = augment.TwoViewDataset(pixels, augment.recipes_for(method, size), size, seed, 0, backend)
+    dataset = augment.ViewDataset(pixels, augment.recipes_for(method, size), size, seed, 0, backend)
     ops = {
         "color_jitter": jitter,
         "grayscale": lambda i: backend.grayscale(views[i]),

@@ -288,9 +288,9 @@ def train(r: Run) -> tuple[int, float, int]:
             batches = view_batches(r.mode, r.train_images, views, cfg.image_size, cfg.batch_size, cfg.seed, epoch,
                                    start_batch, r.device, workers, r.shard, t.channels_last, r.pre)
             t_wait = time.perf_counter()
-            for x1, x2 in batches:
+            for batch in batches:  # one batch per view
                 waited += time.perf_counter() - t_wait
-                loss = train_step(t, x1, x2, step)
+                loss = train_step(t, batch, step)
                 if pending is not None:
                     log.look(pending)
                 # the clock after queueing a step: on a GPU the host runs at most a step or two ahead of it

@@ -1,6 +1,7 @@
 """A method, a backbone and a format each added as a contributor would add them, written into a folder of the test's
 own, and the whole chain picks them up with no other edit: the CLI's choices, the config checks, pretrain, strip,
-trace, export, validate, the report and the job service's downloads.
+trace, export, validate, the report and the job service's downloads. A multi-crop method (views of two sizes) trains
+the same way, on either augmentation path.
 
 Each is registered through its registry's own mechanism, in a child process that then runs the CLI: the method is
 a file in a folder on train.methods' path (the registry is that folder), the backbone a row of
@@ -10,6 +11,7 @@ is imported once)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,9 +38,9 @@ class Flat(nn.Module):
         self.backbone = backbone
         self.projector = mlp(feat_dim, cfg.proj_hidden_dim, cfg.proj_dim)
 
-    def forward(self, x1, x2, precision):
+    def forward(self, views, precision):
         with precision.backbone():
-            h = self.backbone(torch.cat([x1, x2]))
+            h = self.backbone(torch.cat(views))
         with precision.heads():
             z = self.projector(head_input(h, precision))
         z1, z2 = F.normalize(z.float(), dim=1).chunk(2)
@@ -180,3 +182,110 @@ def test_a_new_method_backbone_and_format_need_no_other_edit(tmp_path):
     page = (run / "report.html").read_text()
     assert "flat projector 32 -&gt; 16" in page or "flat projector 32 -> 16" in page  # the spec's run-card line
     assert "encoder.ptx" in page and "torch.export (CPU)" in page
+
+
+CROPS = '''"""Crops: two global views at the run's size and two local ones at half of it, every view's embedding pulled
+towards the mean of the image's global ones (a throwaway multi-crop method)."""
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.views import ViewRecipe
+from train.heads import head_input, mlp
+from train.method_spec import MethodSpec, Recipe
+
+SIDES = []  # the shape of each view forward received, per step
+
+
+class Crops(nn.Module):
+    def __init__(self, backbone, feat_dim, cfg):
+        super().__init__()
+        self.backbone = backbone
+        self.projector = mlp(feat_dim, cfg.proj_hidden_dim, cfg.proj_dim)
+
+    def forward(self, views, precision):
+        SIDES.append([list(v.shape) for v in views])
+        with precision.backbone():  # one call per side: the global views' is the one CUDA graphs capture
+            h = torch.cat([self.backbone(torch.cat(views[:2])), self.backbone(torch.cat(views[2:]))])
+        with precision.heads():
+            z = self.projector(head_input(h, precision))
+        z = F.normalize(z.float(), dim=1).unflatten(0, (len(views), -1))  # (view, image, dim)
+        target = z[:2].mean(0).detach()
+        return (2 - 2 * (z * target).sum(-1)).mean()
+
+    def after_step(self, progress):
+        pass
+
+
+GLOBAL = ViewRecipe(crop_scale=(0.4, 1.0))
+LOCAL = ViewRecipe(crop_scale=(0.05, 0.4), size=0.5)
+VALUES = dict(optimizer="sgd", lr=0.05, weight_decay=0.0, proj_dim=16, proj_hidden_dim=32)
+SPEC = MethodSpec(name="crops", title="Crops-Test", build=Crops, paper=Recipe(dict(VALUES)), small=Recipe(dict(VALUES)),
+                  views=(GLOBAL, dataclasses.replace(GLOBAL, solarize_p=0.2), LOCAL, LOCAL),
+                  summary=lambda c: ["two global and two local crops"], fixed_on_resume=("proj_dim", "proj_hidden_dim"))
+'''
+
+CROPS_RUNNER = '''import json
+import sys
+from pathlib import Path
+
+import train.methods
+
+train.methods.__path__.append(str(Path(__file__).parent / "methods"))  # the method registry is its folders
+
+from pipeline.cli import main  # noqa: E402
+
+for i, args in enumerate(json.loads(sys.argv[1])):
+    try:
+        rc = main.main(args, prog_name="pipeline", standalone_mode=False) or 0
+    except SystemExit as e:
+        rc = e.code or 0
+    print(f"== step {i} rc={rc}", flush=True)
+
+from train import recipes  # noqa: E402
+from train.methods import crops  # noqa: E402  the module pretraining ran
+
+print("== sides " + json.dumps(crops.SIDES))
+print("== crops " + json.dumps([v.crop_scale for v in recipes.views_for("small", "crops", 16, 0.3)]))
+'''
+
+
+@pytest.mark.slow
+def test_a_multi_crop_method_needs_no_other_edit(tmp_path):
+    """Global and local views of two sizes reach the method's forward in its order, on the CPU path and on the
+    device path (which runs on the CPU when asked), and a stopped device-path run resumes to the losses of an
+    uninterrupted one: the views of a step are a pure function of (seed, epoch, batch) at every size."""
+    ext = tmp_path / "ext"
+    (ext / "methods").mkdir(parents=True)
+    (ext / "methods" / "crops.py").write_text(CROPS)
+    (ext / "run.py").write_text(CROPS_RUNNER)
+    tiny = ["--method", "crops", "--data", "synthetic:48", "--batch-size", "8", "--epochs", "1", "--image-size", "16",
+            "--device", "cpu", "--num-workers", "0", "--log-every", "1"]
+    runs = {name: str(tmp_path / name) for name in ("cpu", "device", "resumed")}
+    steps = [
+        ["pretrain", *tiny, "--augment", "cpu", "--max-steps", "2", "--out", runs["cpu"]],
+        ["pretrain", *tiny, "--augment", "device", "--max-steps", "3", "--out", runs["device"]],
+        ["pretrain", *tiny, "--augment", "device", "--max-steps", "2", "--out", runs["resumed"]],
+        ["pretrain", "--resume", "--max-steps", "3", "--out", runs["resumed"]],
+    ]
+    done = subprocess.run([sys.executable, str(ext / "run.py"), json.dumps(steps)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out = done.stdout
+    assert done.returncode == 0, out
+    assert [line for line in out.splitlines() if line.startswith("== step")] == [
+        f"== step {i} rc=0" for i in range(4)], out
+    sides = json.loads(out.split("== sides ")[1].splitlines()[0])
+    assert sides == [[[8, 3, 16, 16]] * 2 + [[8, 3, 8, 8]] * 2] * 8  # 2 + 3 + 2 + 1 steps
+    # --crop-min-scale (here the recipe's 0.4, or a flag's 0.3) crops the global views; the local ones stay local
+    assert json.loads(out.split("== crops ")[1].splitlines()[0]) == [[0.3, 1.0]] * 2 + [[0.05, 0.4]] * 2
+
+    def losses(run):
+        return [json.loads(line)["loss"] for line in (Path(run) / "metrics.jsonl").read_text().splitlines()
+                if "loss" in line]
+
+    assert len(losses(runs["cpu"])) == 2 and all(math.isfinite(v) for v in losses(runs["cpu"]))
+    assert losses(runs["resumed"]) == losses(runs["device"]) and len(losses(runs["device"])) == 3

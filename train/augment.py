@@ -1,4 +1,5 @@
-"""Two-view SSL augmentation with per-sample random parameters, on the CPU.
+"""SSL augmentation with per-sample random parameters, on the CPU: each image's views as its method declares
+them (two for SimCLR, BYOL and MoCo v3; a multi-crop method's smaller ones at their own size).
 
 Parameters are drawn first (`sample_params`, one row per image) and applied second (`apply_view`), so any other
 applier (the device path) can reuse the exact same draws and be checked against this one pixel for pixel. The
@@ -24,20 +25,24 @@ from PIL import Image
 
 from train.methods import METHODS
 from train.preprocess import PIL_PREPROCESS, TORCH_PREPROCESS
-from core.views import MEAN, STD, ViewRecipe, blur_kernel_size
+from core.views import MEAN, STD, ViewRecipe, blur_kernel_size, view_side
 
-def recipes_for(method: str, image_size: int) -> tuple[ViewRecipe, ViewRecipe]:
-    """Each paper's views (its spec's); blur is dropped at <= 64 px, as SimCLR's CIFAR setup does (it erases small
-    images)."""
-    v1, v2 = METHODS[method].views
-    if image_size <= 64:
-        v1, v2 = (ViewRecipe(**{**v.__dict__, "blur_p": 0.0}) for v in (v1, v2))
-    return v1, v2
+
+def recipes_for(method: str, image_size: int) -> tuple[ViewRecipe, ...]:
+    """Each paper's views (its spec's); blur is dropped from a view of <= 64 px, as SimCLR's CIFAR setup does (it
+    erases small images)."""
+    return tuple(ViewRecipe(**{**v.__dict__, "blur_p": 0.0}) if view_side(v, image_size) <= 64 else v
+                 for v in METHODS[method].views)
+
+
+def view_sizes(method: str, image_size: int) -> tuple[int, ...]:
+    """The side of each of the method's views in a run of image_size px, in the order its forward receives them."""
+    return tuple(view_side(v, image_size) for v in METHODS[method].views)
 
 
 def sample_params(n: int, recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dict[str, torch.Tensor]:
     """Per-image random parameters for one view of n square images of side src_size. Drawn with numpy: many small
-    draws cost far less in numpy than as torch's small-tensor ops, and the device path draws two views of every
+    draws cost far less in numpy than as torch's small-tensor ops, and the device path draws every view of each
     batch on the host between GPU steps."""
 
     def u(lo, hi, shape=(n,)):
@@ -170,13 +175,15 @@ def view_seed(seed: int, epoch: int, index: int) -> int:
     return ((seed * 1_000_003 + epoch) * 10_000_019 + index) % (1 << 63)  # numpy seeds must be non-negative
 
 
-class TwoViewDataset(torch.utils.data.Dataset):
-    """Item i -> two uint8 views of image indices[i] (uint8 keeps the host->device copy 4x smaller). A uint8
-    backend (the default) makes them with uint8_view; a float one (Core ML) with apply_view, rounded."""
+class ViewDataset(torch.utils.data.Dataset):
+    """Item i -> one uint8 view of image indices[i] per recipe, each at its recipe's side in a run of out_size px
+    (uint8 keeps the host->device copy 4x smaller). A uint8 backend (the default) makes them with uint8_view; a
+    float one (Core ML) with apply_view, rounded."""
 
-    def __init__(self, images: torch.Tensor, recipes: tuple[ViewRecipe, ViewRecipe], out_size: int, seed: int, epoch: int,
+    def __init__(self, images: torch.Tensor, recipes: tuple[ViewRecipe, ...], out_size: int, seed: int, epoch: int,
                  preprocess=PIL_PREPROCESS):
         self.images, self.recipes, self.out_size, self.seed, self.epoch = images, recipes, out_size, seed, epoch
+        self.sides = [view_side(r, out_size) for r in recipes]
         self.preprocess = preprocess  # where jitter, grayscale and blur run (train/preprocess.py)
 
     def __len__(self) -> int:
@@ -186,14 +193,14 @@ class TwoViewDataset(torch.utils.data.Dataset):
         g = np.random.default_rng(view_seed(self.seed, self.epoch, index))
         img = self.images[index]
         views = []
-        for recipe in self.recipes:
+        for recipe, side in zip(self.recipes, self.sides):
             row = sample_row(recipe, img.shape[-1], g)
             if self.preprocess.pixels == "uint8":
-                views.append(uint8_view(img, row, self.out_size, self.preprocess))
+                views.append(uint8_view(img, row, side, self.preprocess))
             else:
-                x = apply_view(img, row_params(row), 0, self.out_size, self.preprocess)
+                x = apply_view(img, row_params(row), 0, side, self.preprocess)
                 views.append((x * 255).round_().to(torch.uint8))
-        return views[0], views[1]
+        return tuple(views)
 
 
 @functools.lru_cache(maxsize=None)
@@ -230,21 +237,21 @@ def epoch_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[i
 def cpu_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
                      start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
                      channels_last: bool = False, preprocess=PIL_PREPROCESS):
-    """Yield (x1, x2) normalised float batches on `device` for one epoch, from batch `start_batch` on; this
-    process's share (rank of world) of each global batch. Per-sample augmentation runs in DataLoader workers;
-    this is the reference path and the CPU fallback."""
+    """Yield a list of normalised float batches on `device` per step, one per recipe, for one epoch, from batch
+    `start_batch` on; this process's share (rank of world) of each global batch. Per-sample augmentation runs in
+    DataLoader workers; this is the reference path and the CPU fallback."""
     rank, world = shard
     per_rank = batch_size // world
     batches = [b[rank * per_rank:(rank + 1) * per_rank]
                for b in epoch_batches(images.shape[0], batch_size, seed, epoch)[start_batch:]]
     if not batches:
         return
-    ds = TwoViewDataset(images, recipes, out_size, seed, epoch, preprocess)
+    ds = ViewDataset(images, recipes, out_size, seed, epoch, preprocess)
     loader = torch.utils.data.DataLoader(
         ds, batch_sampler=batches, num_workers=num_workers,
         pin_memory=device.type == "cuda",  # pinned memory is a CUDA concept; elsewhere it only costs
         prefetch_factor=4 if num_workers > 0 else None,
     )
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    for v1, v2 in loader:
-        yield normalize(v1, device).contiguous(memory_format=fmt), normalize(v2, device).contiguous(memory_format=fmt)
+    for views in loader:
+        yield [normalize(v, device).contiguous(memory_format=fmt) for v in views]

@@ -1,8 +1,9 @@
-"""Two-view SSL augmentation on the training device: whole batches, uint8 in, per-sample random parameters.
+"""SSL augmentation on the training device: whole batches, uint8 in, per-sample random parameters, every view a
+method declares (the views of one size made together, in one pass over the batch).
 
 Why not torchvision.transforms.v2 on a batch tensor: a v2 transform draws ONE set of random parameters per call
 and applies it to every image it is given, so a batch would share one crop, one flip and one colour change. SSL
-learns from the variety between the two views of each image, and a shared draw removes most of it. Here row i of
+learns from the variety between the views of each image, and a shared draw removes most of it. Here row i of
 the parameters that `augment.sample_params` draws is applied to image i, as the CPU reference
 (`augment.apply_view`) does one image at a time; given the same rows the two agree to float rounding
 (tests/train/test_device_augment.py).
@@ -40,7 +41,7 @@ import numpy as np
 import torch
 
 from train import augment
-from core.views import HUE
+from core.views import HUE, view_side
 
 # torchvision's rgb_to_grayscale weights (ITU-R 601), as the CPU path uses them.
 GRAY = (0.2989, 0.587, 0.114)
@@ -52,14 +53,15 @@ _HUE_OFFSET = (0.0, 2.0, 4.0)
 
 
 def batch_seed(seed: int, epoch: int, batch: int) -> int:
-    """Seed of one batch's draws (both views): a pure function of (run seed, epoch, batch index)."""
+    """Seed of one batch's draws (every view): a pure function of (run seed, epoch, batch index)."""
     return (augment.view_seed(seed, epoch, batch) * 2 + 1) % (1 << 63)
 
 
-def draw_params(n: int, recipes, src_size: int, seed: int, epoch: int, batch: int) -> tuple[dict, dict]:
-    """Both views' parameters for a batch of n images, drawn on the host (cheap: n rows of numbers)."""
+def draw_params(n: int, recipes, src_size: int, seed: int, epoch: int, batch: int) -> tuple[dict, ...]:
+    """Each view's parameters for a batch of n images, views in order from one generator, drawn on the host
+    (cheap: n rows of numbers). A view's draws do not depend on the views after it."""
     g = np.random.default_rng(batch_seed(seed, epoch, batch))
-    return augment.sample_params(n, recipes[0], src_size, g), augment.sample_params(n, recipes[1], src_size, g)
+    return tuple(augment.sample_params(n, recipe, src_size, g) for recipe in recipes)
 
 
 def rows_of(ps: list[dict], rows: slice) -> dict:
@@ -257,35 +259,44 @@ def normalize(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
 def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
                         start_batch: int, device: torch.device, shard: tuple[int, int] = (0, 1),
                         channels_last: bool = False):
-    """Yield (x1, x2) normalised float batches on `device` for one epoch, from batch `start_batch` on; this
-    process's share (rank of world) of each global batch. `images` may live on the device (no copy per step) or
-    on the host (the batch's images are copied over each step). On CUDA, the next batches are made by a worker
-    thread on a side stream while the caller trains (_made_ahead)."""
+    """Yield a list of normalised float batches on `device` per step, one per recipe at its side in a run of
+    out_size px, for one epoch, from batch `start_batch` on; this process's share (rank of world) of each global
+    batch. `images` may live on the device (no copy per step) or on the host (the batch's images are copied over
+    each step). On CUDA, the next batches are made by a worker thread on a side stream while the caller trains
+    (_made_ahead)."""
     rank, world = shard
     per_rank = batch_size // world
     rows = slice(rank * per_rank, (rank + 1) * per_rank)
     src = images.shape[-1]
     dtype = work_dtype(device)
     order = np.asarray(augment.epoch_batches(images.shape[0], batch_size, seed, epoch), dtype=np.int64).reshape(-1, batch_size)
+    sides = [view_side(r, out_size) for r in recipes]
+    # The views of each side, made as one batch: every two-view method's are one side, so one pass makes both.
+    by_side = [[v for v, s in enumerate(sides) if s == side] for side in dict.fromkeys(sides)]
 
-    def make(b: int) -> torch.Tensor:
-        p = rows_of(list(draw_params(batch_size, recipes, src, seed, epoch, b)), rows)
-        idx = torch.from_numpy(np.tile(order[b, rows], 2))  # both views of this rank's images
-        if images.device.type == device.type:
-            batch = images.index_select(0, to_device(idx, device))
-        else:
-            batch = to_device(images[idx], device)
-        return normalize(apply_views(batch, p, out_size, dtype), channels_last)
+    def make(b: int) -> list[torch.Tensor]:
+        ps = draw_params(batch_size, recipes, src, seed, epoch, b)
+        views: list = [None] * len(recipes)
+        for which in by_side:
+            p = rows_of([ps[v] for v in which], rows)
+            idx = torch.from_numpy(np.tile(order[b, rows], len(which)))  # these views of this rank's images
+            if images.device.type == device.type:
+                batch = images.index_select(0, to_device(idx, device))
+            else:
+                batch = to_device(images[idx], device)
+            x = normalize(apply_views(batch, p, sides[which[0]], dtype), channels_last)
+            for v, part in zip(which, x.split(per_rank)):
+                views[v] = part
+        return views
 
     if device.type != "cuda":
         for b in range(start_batch, len(order)):
-            x = make(b)
-            yield x[:per_rank], x[per_rank:]
+            yield make(b)
         return
-    yield from _made_ahead(make, start_batch, len(order), device, per_rank)
+    yield from _made_ahead(make, start_batch, len(order), device)
 
 
-def _made_ahead(make, first: int, end: int, device: torch.device, per_rank: int):
+def _made_ahead(make, first: int, end: int, device: torch.device):
     """CUDA: batches first..end-1 of `make`, each made on a side stream by a worker thread (`ahead`) while the
     caller trains on the one before. A thread, not a second process: the views stay on the GPU. It pays because
     most of a batch's host time is spent launching kernels, which torch does with the GIL released, so the
@@ -300,15 +311,16 @@ def _made_ahead(make, first: int, end: int, device: torch.device, per_rank: int)
 
     def made(b: int):
         with torch.cuda.stream(side):
-            x = make(b)
+            views = make(b)
             done = torch.cuda.Event()
             done.record(side)
-        return x, done
+        return views, done
 
-    for x, done in ahead(made, first, end, lambda: torch.cuda.device(device)):
+    for views, done in ahead(made, first, end, lambda: torch.cuda.device(device)):
         main.wait_event(done)
-        x.record_stream(main)  # the allocator must not reuse it before the main stream is done with it
-        yield x[:per_rank], x[per_rank:]
+        for x in views:
+            x.record_stream(main)  # the allocator must not reuse it before the main stream is done with it
+        yield views
 
 
 def ahead(produce, first: int, end: int, in_worker=contextlib.nullcontext, depth: int = AHEAD):

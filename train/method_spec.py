@@ -13,7 +13,8 @@ from core.views import ViewRecipe
 @dataclass(frozen=True)
 class Recipe:
     values: dict  # PretrainConfig fields the recipe sets when the user did not
-    views: dict = field(default_factory=dict)  # ViewRecipe fields changed on both views (empty: the paper's views)
+    # ViewRecipe fields changed on every view (empty: the paper's views); crop_scale on those at the run's size only
+    views: dict = field(default_factory=dict)
     source: str = ""  # where the values come from and what was changed here
 
 
@@ -24,7 +25,9 @@ class MethodSpec:
     build: Callable  # (backbone, feat_dim, resolved config) -> the method's nn.Module
     paper: Recipe  # the paper's ImageNet hyper-parameters, unchanged
     small: Recipe  # the CIFAR-size benchmarks' (train/recipes.py says when each is chosen)
-    views: tuple[ViewRecipe, ViewRecipe]  # the paper's two views
+    # The paper's views, in the order forward(views, precision) receives them: two for SimCLR, BYOL and MoCo v3, more
+    # for a multi-crop method, whose smaller ones carry their `size`. At least one is at the run's size (size 1).
+    views: tuple[ViewRecipe, ...]
     summary: Callable[[dict], list[str]]  # config.yaml's values -> its items on the report's run card
     # PretrainConfig options that shape its modules or their optimiser groups: --resume refuses to change them
     fixed_on_resume: tuple[str, ...] = ()
@@ -32,3 +35,7 @@ class MethodSpec:
     own_options: tuple[str, ...] = ()
     # option -> what a config.yaml written before the option existed trained with: a resumed older run keeps it
     before_option: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not any(v.size == 1.0 for v in self.views):  # the export's input size, and the CUDA-graphed batch's
+            raise ValueError(f"method {self.name}: no view at the run's image size (a ViewRecipe with size 1)")

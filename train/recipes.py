@@ -1,7 +1,7 @@
 """Training recipes by scale: the papers' (ImageNet: 1.28M images, 224 px, 30k+ steps) and small-data ones (the
 CIFAR-size benchmarks: thousands to tens of thousands of images, 32 px, a few thousand steps).
 
-A recipe is data: per method, the config values it sets and the changes it makes to the paper's two views. `choose`
+A recipe is data: per method, the config values it sets and the changes it makes to the paper's views. `choose`
 picks one for a run's scale; `fill` puts its values into every option the user left unset, so a flag or a --config
 value always wins over the recipe. The paper recipes are the methods' DEFAULTS, unchanged.
 
@@ -99,20 +99,25 @@ def source(name: str, method: str, backbone: str | None = None) -> str:
 
 def view_values(name: str, method: str) -> dict:
     """The config values the recipe's views stand for, each the recipe's own change, else the paper's: the smallest
-    crop area share (both views of every method crop alike) and the second view's solarization chance (BYOL's and
-    MoCo v3's 0.2 on view 2 only, SimCLR's 0)."""
+    crop area share of the views at the run's size (those of every method crop alike) and the second view's
+    solarization chance (BYOL's and MoCo v3's 0.2 on view 2 only, SimCLR's 0)."""
     changes, paper = RECIPES[name][method].views, METHODS[method].views
-    return {"crop_min_scale": changes.get("crop_scale", paper[0].crop_scale)[0],
+    full = next(v for v in paper if v.size == 1.0)  # a spec has one (MethodSpec checks)
+    return {"crop_min_scale": changes.get("crop_scale", full.crop_scale)[0],
             "solarize_p": changes.get("solarize_p", paper[1].solarize_p)}
 
 
 def views_for(name: str, method: str, image_size: int, min_scale: float | None = None,
-              solarize: float | None = None) -> tuple[augment.ViewRecipe, augment.ViewRecipe]:
-    """The two views of the method's paper (blur dropped at <= 64 px, augment.recipes_for), with the recipe's
-    changes applied to both, the smallest crop set to min_scale when given (--crop-min-scale), and the second view's
-    solarization chance set to `solarize` when given (--solarize-p; the first view keeps the paper's: none)."""
+              solarize: float | None = None) -> tuple[augment.ViewRecipe, ...]:
+    """The views of the method's paper (blur dropped at <= 64 px, augment.recipes_for) with the recipe's changes,
+    the smallest crop set to min_scale when given (--crop-min-scale), and the second view's solarization chance set
+    to `solarize` when given (--solarize-p; the first view keeps the paper's: none). The crop scale changes the
+    views at the run's size only: a multi-crop method's smaller views keep their own, which is what makes them local."""
     changes = dict(RECIPES[name][method].views)
     if min_scale is not None:
         changes["crop_scale"] = (min_scale, 1.0)
-    v1, v2 = (dataclasses.replace(v, **changes) for v in augment.recipes_for(method, image_size))
-    return v1, v2 if solarize is None else dataclasses.replace(v2, solarize_p=solarize)
+    local = {k: v for k, v in changes.items() if k != "crop_scale"}
+    views = [dataclasses.replace(v, **(changes if v.size == 1.0 else local)) for v in augment.recipes_for(method, image_size)]
+    if solarize is not None:
+        views[1] = dataclasses.replace(views[1], solarize_p=solarize)
+    return tuple(views)

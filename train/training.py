@@ -80,7 +80,14 @@ def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, chann
     """Capture the backbone's training forward and backward for `batch` images (torch.cuda.make_graphed_callables,
     in place: the module keeps its parameters and state_dict, eval mode still runs the plain forward). Every
     step then costs two graph launches instead of the layer-by-layer launches from Python. The capture's warm-up
-    passes move the BatchNorm statistics; they are put back, so training starts exactly where it would have."""
+    passes move the BatchNorm statistics; they are put back, so training starts exactly where it would have.
+
+    `batch` is every view at the run's size, concatenated: the one backbone call of a two-view method, and the
+    global views' call of a multi-crop one. A call of any other shape (a multi-crop method's smaller local views)
+    runs the plain forward, eagerly (by_shape), rather than in a graph of its own: make_graphed_callables graphs a
+    module once, in place, so a graph per size would take a copy of the backbone per size sharing its parameters
+    and a capture (with its own static activations) per size, for views that cost a fraction of the global ones.
+    The graphed call may run once per step: a second replay overwrites the first's outputs before its backward."""
     device = next(backbone.parameters()).device
     saved = [b.detach().clone() for b in backbone.buffers()]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -97,11 +104,23 @@ def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, chann
         torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
     warnings.filterwarnings("ignore", message=r"The AccumulateGrad node's stream does not match the stream of the "
                                               r"node that produced the incoming gradient", category=UserWarning)
+    eager = backbone.forward  # the plain forward, before the capture replaces it
     with amp:
         torch.cuda.make_graphed_callables(backbone, (sample,))
+    backbone.forward = by_shape(backbone.forward, eager, sample.shape)
     with torch.no_grad():
         for b, s in zip(backbone.buffers(), saved):
             b.copy_(s)  # in place: the graphs hold these addresses
+
+
+def by_shape(graphed, eager, shape: torch.Size):
+    """A forward that replays the graph for inputs of the captured shape and runs `eager` for any other (a graph
+    copies its input into a buffer of that one shape). Read on the host: no wait for the GPU."""
+
+    def forward(x: torch.Tensor, *args, **kwargs):
+        return (graphed if x.shape == shape else eager)(x, *args, **kwargs)
+
+    return forward
 
 
 @contextlib.contextmanager
@@ -164,8 +183,9 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
     if cfg.compile:
         model.backbone.compile()  # in place: state_dict keys stay those of the plain module
     graphs = use_cuda_graphs(cfg.cuda_graphs, device, world, cfg.compile, cfg.sync_bn)
-    if graphs:  # both views of this process's images go through the backbone as one batch
-        graph_backbone(model.backbone, 2 * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
+    if graphs:  # the views at the run's size of this process's images go through the backbone as one batch
+        full = augment.view_sizes(cfg.method, cfg.image_size).count(cfg.image_size)
+        graph_backbone(model.backbone, full * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
     total_steps = steps_per_epoch * cfg.epochs
     optimizer = build_optimizer(cfg.optimizer, param_groups(model, cfg.pred_lr), peak_lr(cfg), cfg.weight_decay,
                                 cfg.lars_eta)
@@ -189,11 +209,12 @@ def fp32_backbone(t: Training) -> torch.nn.Module:
     return backbone if t.precision.param_dtype == torch.float32 else copy.deepcopy(backbone).float()
 
 
-def train_step(t: Training, x1: torch.Tensor, x2: torch.Tensor, step: int) -> torch.Tensor:
-    """One optimisation step (step = steps done before it). Returns the loss averaged over processes, detached and
-    still on the device: reading it waits for the GPU, so the caller chooses when (the loop reads it a step late)."""
+def train_step(t: Training, views: list[torch.Tensor], step: int) -> torch.Tensor:
+    """One optimisation step on one batch per view, as view_batches yields them (step = steps done before it).
+    Returns the loss averaged over processes, detached and still on the device: reading it waits for the GPU, so
+    the caller chooses when (the loop reads it a step late)."""
     dtype = t.precision.param_dtype  # the views come normalised in float32; an fp64 run takes them in float64
-    loss = t.forward(x1.to(dtype), x2.to(dtype), t.precision)
+    loss = t.forward([v.to(dtype) for v in views], t.precision)
     if t.grads is None:
         t.optimizer.zero_grad(set_to_none=True)
     else:
@@ -250,9 +271,9 @@ def augment_mode(requested: str, device: torch.device) -> str:
 def view_batches(mode: str, images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
                  start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
                  channels_last: bool = False, preprocess=PIL_PREPROCESS):
-    """The one place training batches come from: (x1, x2) per step, by the CPU path or the device path
-    (train/device_augment.py); mode is `augment_mode`'s answer. `preprocess` (train/preprocess.py) serves the
-    CPU path only."""
+    """The one place training batches come from: per step a list of batches, one per view recipe at its side, by
+    the CPU path or the device path (train/device_augment.py); mode is `augment_mode`'s answer. `preprocess`
+    (train/preprocess.py) serves the CPU path only."""
     if mode == "device":
         return device_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device,
                                    shard, channels_last)

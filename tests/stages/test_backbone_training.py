@@ -46,7 +46,7 @@ def test_the_training_step_trains_each_backbone(tiny_overrides, backbone, method
     gen = torch.Generator().manual_seed(1)
     for step in range(1 if backbone in ONE_STEP else 2):
         x1, x2 = (torch.rand(cfg.batch_size, 3, 16, 16, generator=gen) for _ in range(2))
-        loss = training.train_step(t, x1, x2, step)
+        loss = training.train_step(t, [x1, x2], step)
         assert math.isfinite(loss.item())
     no_grad = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     assert not no_grad, f"trainable parameters without a gradient: {no_grad[:5]}"

@@ -207,7 +207,7 @@ def test_nan_loss_stops_and_keeps_checkpoint(tmp_path, tiny_overrides, monkeypat
     before = (out / rundir.LAST_CHECKPOINT).read_bytes()
     from train.methods.simclr import SimCLR
 
-    monkeypatch.setattr(SimCLR, "forward", lambda self, x1, x2, p: (self.backbone(x1).sum() * float("nan")))
+    monkeypatch.setattr(SimCLR, "forward", lambda self, views, p: (self.backbone(views[0]).sum() * float("nan")))
     with pytest.raises(PipelineError, match="loss became nan at step 2"):
         _run(tmp_path, {"max_steps": 4}, resume=True)
     assert (out / rundir.LAST_CHECKPOINT).read_bytes() == before
@@ -284,9 +284,9 @@ def test_training_step_never_waits_for_the_device(tiny_overrides, method):
     t, _ = training.build_training(cfg, torch.device("cpu"), steps_per_epoch=4)
     x = [torch.rand(cfg.batch_size, 3, 16, 16) for _ in range(2)]
     for step in range(2):
-        training.train_step(t, *x, step)
+        training.train_step(t, x, step)
     with Ops() as ops:
-        training.train_step(t, *x, 2)
+        training.train_step(t, x, 2)
     assert "aten.convolution" in ops.seen or "aten.convolution_backward" in ops.seen  # the mode saw the step
     assert not sorted(ops.seen & set(SYNCING_OPS)), f"{method}: {sorted(ops.seen & set(SYNCING_OPS))}"
 

@@ -78,11 +78,11 @@ def _signal_during_step(monkeypatch, at: int, signals=(signal.SIGINT,)) -> None:
     the signal arrives mid-step, as it would from a user."""
     real = pretrain.train_step
 
-    def step(t, x1, x2, done):
+    def step(t, views, done):
         if done == at:
             for s in signals:
                 os.kill(os.getpid(), s)
-        return real(t, x1, x2, done)
+        return real(t, views, done)
 
     monkeypatch.setattr(pretrain, "train_step", step)
 

@@ -10,9 +10,9 @@ from train.methods import METHODS
 def test_views_depend_only_on_seed_epoch_index():
     imgs = torch.randint(0, 255, (6, 3, 20, 20), dtype=torch.uint8)
     recipes = augment.recipes_for("byol", 96)
-    a = augment.TwoViewDataset(imgs, recipes, 16, seed=1, epoch=2)
-    b = augment.TwoViewDataset(imgs, recipes, 16, seed=1, epoch=2)
-    c = augment.TwoViewDataset(imgs, recipes, 16, seed=1, epoch=3)
+    a = augment.ViewDataset(imgs, recipes, 16, seed=1, epoch=2)
+    b = augment.ViewDataset(imgs, recipes, 16, seed=1, epoch=2)
+    c = augment.ViewDataset(imgs, recipes, 16, seed=1, epoch=3)
     for i in range(6):
         assert all(torch.equal(x, y) for x, y in zip(a[i], b[i]))
     assert not torch.equal(a[0][0], c[0][0])
@@ -236,12 +236,12 @@ def test_identity_row_gives_the_image_back_in_the_uint8_path():
 
 
 def test_dataset_draws_the_same_rows_for_uint8_and_float_backends():
-    """TwoViewDataset makes the views of a uint8 backend (the default) with uint8_view and a float one (Core ML,
+    """ViewDataset makes the views of a uint8 backend (the default) with uint8_view and a float one (Core ML,
     or the reference) with apply_view, from the same rows: the two agree to the uint8 path's tolerance."""
     imgs = torch.randint(0, 255, (4, 3, 40, 40), dtype=torch.uint8)
     recipes = augment.recipes_for("byol", 96)
-    fast = augment.TwoViewDataset(imgs, recipes, 36, seed=3, epoch=1)
-    ref = augment.TwoViewDataset(imgs, recipes, 36, seed=3, epoch=1, preprocess=REF)
+    fast = augment.ViewDataset(imgs, recipes, 36, seed=3, epoch=1)
+    ref = augment.ViewDataset(imgs, recipes, 36, seed=3, epoch=1, preprocess=REF)
     for i in range(4):
         for a, b in zip(fast[i], ref[i]):
             assert a.dtype == b.dtype == torch.uint8 and a.shape == b.shape == (3, 36, 36)

@@ -1,6 +1,8 @@
 """The device augmentation against the CPU reference: same parameter rows -> same pixels (to interpolation and
 float rounding); random draws -> the same statistics; draws a pure function of (seed, epoch, batch)."""
 
+import dataclasses
+
 import pytest
 import numpy as np
 import torch
@@ -88,7 +90,7 @@ def test_random_draws_have_the_cpu_paths_statistics():
     """Different draws (per batch vs per image), same distribution: summaries over 2 x 256 views agree."""
     data = make_synthetic(256, 40, seed=0)
     recipes = augment.recipes_for("simclr", 32)
-    ds = augment.TwoViewDataset(data.images, recipes, 32, seed=0, epoch=0)
+    ds = augment.ViewDataset(data.images, recipes, 32, seed=0, epoch=0)
     cpu = torch.cat([torch.stack([ds[i][v] for i in range(len(ds))]) for v in (0, 1)]).float() / 255
     p = device_augment.rows_of(list(device_augment.draw_params(256, recipes, 40, seed=5, epoch=0, batch=0)), slice(0, 256))
     dev = device_augment.apply_views(torch.cat([data.images, data.images]), p, 32)  # both views, as a step makes them
@@ -125,6 +127,34 @@ def test_batches_are_a_pure_function_of_seed_epoch_batch_and_shards_add_up():
     for b in range(4):
         for v in range(2):
             torch.testing.assert_close(torch.cat([halves[0][b][v], halves[1][b][v]]), full[b][v], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("path", ["cpu", "device"])
+def test_local_views_come_at_their_side_and_leave_the_global_views_as_they_were(path):
+    """A multi-crop method's views on either path: two at the run's size, then two local ones at half of it. Each
+    arrives at its own side, in the declared order, and the global views are exactly those of the two-view method
+    they extend (draws go view by view, and the views of each side are made apart); shards still add up."""
+    images = make_synthetic(32, 20, seed=0).images
+    two = augment.recipes_for("byol", 16)
+    local = augment.ViewRecipe(crop_scale=(0.05, 0.4), size=0.5)
+    four = (*two, local, dataclasses.replace(local, solarize_p=1.0))
+    cpu = torch.device("cpu")
+
+    def epoch(recipes, shard=(0, 1)):
+        if path == "cpu":
+            return list(augment.cpu_view_batches(images, recipes, 16, 8, 0, 1, 0, cpu, 0, shard))
+        return list(device_augment.device_view_batches(images, recipes, 16, 8, 0, 1, 0, cpu, shard))
+
+    many, pair = epoch(four), epoch(two)
+    assert len(many) == len(pair) == 4
+    for m, p in zip(many, pair):
+        assert [tuple(v.shape) for v in m] == [(8, 3, 16, 16)] * 2 + [(8, 3, 8, 8)] * 2
+        assert torch.equal(m[0], p[0]) and torch.equal(m[1], p[1])
+        assert not torch.equal(m[2], m[3])
+    halves = [epoch(four, (r, 2)) for r in range(2)]
+    for b in range(4):
+        for v in range(4):
+            torch.testing.assert_close(torch.cat([halves[0][b][v], halves[1][b][v]]), many[b][v], atol=1e-6, rtol=0)
 
 
 def test_mode_dispatch():

@@ -77,10 +77,10 @@ def _stopped_by_a_signal_to_rank_1(rank, run, out):
     otherwise wait in the next step's all-reduce for ever), rank 0 writes last.pt, and the run resumes."""
     real = pretrain.train_step
 
-    def step(t, x1, x2, done):
+    def step(t, views, done):
         if rank == 1 and done == 1:
             os.kill(os.getpid(), signal.SIGTERM)
-        return real(t, x1, x2, done)
+        return real(t, views, done)
 
     pretrain.train_step = step
     try:
@@ -102,7 +102,7 @@ def _one_step(method, rank=None):
     x1, x2 = _views()
     if rank is not None:
         x1, x2 = x1[rank * 4:(rank + 1) * 4], x2[rank * 4:(rank + 1) * 4]
-    loss = training.train_step(t, x1, x2, 0)
+    loss = training.train_step(t, [x1, x2], 0)
     views_of_buffer = t.grads is not None and all(
         t.grads.data_ptr() <= p.grad.data_ptr() < t.grads.data_ptr() + t.grads.numel() * t.grads.element_size()
         for p in t.model.parameters() if p.requires_grad)

@@ -124,7 +124,7 @@ def _online(model, x1, x2, heads):
 
 def test_simclr_forward_is_nt_xent_at_the_configured_temperature():
     model, x1, x2 = _built("simclr")
-    loss = model(x1, x2, FP32).item()
+    loss = model([x1, x2], FP32).item()
     z1, z2 = _online(model, x1, x2, [model.projector])
     want = naive_nt_xent(z1.detach(), z2.detach(), TEMPERATURE)
     assert loss == pytest.approx(want, rel=1e-5)
@@ -150,7 +150,7 @@ def test_momentum_forward_after_an_ema_update_at_the_configured_base(method):
         for (name, got), want in zip(getattr(model, mom).state_dict().items(), reference[mom].state_dict().values()):
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7, msg=f"{mom}.{name}")
 
-    loss = model(x1, x2, FP32).item()
+    loss = model([x1, x2], FP32).item()
     p1, p2 = (p.detach() for p in _online(model, x1, x2, [model.projector, model.predictor]))
     with torch.no_grad():
         k1, k2 = _online(SimpleNamespace(backbone=reference[pairs[0][1]]), x1, x2, [reference[pairs[1][1]]])

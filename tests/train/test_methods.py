@@ -134,7 +134,7 @@ FP32 = SimpleNamespace(backbone=lambda: torch.autocast("cpu", enabled=False), he
 
 def test_byol_forward_is_the_symmetric_loss_against_the_target():
     model, (x1, x2) = _tiny_method("byol")
-    loss = model(x1, x2, FP32)
+    loss = model([x1, x2], FP32)
     h = model.backbone(torch.cat([x1, x2]))
     p1, p2 = model.predictor(model.projector(h)).chunk(2)
     with torch.no_grad():
@@ -146,7 +146,7 @@ def test_byol_forward_is_the_symmetric_loss_against_the_target():
 
 def test_mocov3_forward_is_the_symmetric_info_nce_against_the_momentum_encoder():
     model, (x1, x2) = _tiny_method("mocov3")
-    loss = model(x1, x2, FP32)
+    loss = model([x1, x2], FP32)
     h = model.backbone(torch.cat([x1, x2]))
     q1, q2 = model.predictor(model.projector(h)).chunk(2)
     with torch.no_grad():
@@ -157,7 +157,7 @@ def test_mocov3_forward_is_the_symmetric_info_nce_against_the_momentum_encoder()
 
 def test_simclr_forward_is_nt_xent_of_the_projections():
     model, (x1, x2) = _tiny_method("simclr")
-    loss = model(x1, x2, FP32)
+    loss = model([x1, x2], FP32)
     z1, z2 = model.projector(model.backbone(torch.cat([x1, x2]))).chunk(2)
     torch.testing.assert_close(loss, nt_xent(z1, z2, model.temperature))
 
@@ -170,9 +170,9 @@ def test_half_precision_backbone_feeds_fp32_heads(name):
 
     model, (x1, x2) = _tiny_method(name)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    reference = model(x1, x2, Precision("cpu", None, None))
+    reference = model([x1, x2], Precision("cpu", None, None))
     model.load_state_dict(state)  # BN statistics as before
-    loss = model(x1, x2, Precision("cpu", torch.bfloat16, None))
+    loss = model([x1, x2], Precision("cpu", torch.bfloat16, None))
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, reference, rtol=0.05, atol=0.05)
 
@@ -262,7 +262,7 @@ def test_mocov3_forward_on_rank_1_scores_against_every_ranks_keys(monkeypatch):
     other_k1, other_k2 = torch.randn(4, 16), torch.randn(4, 16)  # rank 0's keys
     with monkeypatch.context() as m:
         _as_rank(m, 1, 2, [torch.cat([other_k1, torch.zeros(4, 16)]), torch.cat([other_k2, torch.zeros(4, 16)])])
-        loss = model(x1, x2, FP32)
+        loss = model([x1, x2], FP32)
     q1, q2, k1, k2 = _mocov3_parts(model, x1, x2)
     t = model.temperature
     expected = (info_nce(q1, torch.cat([other_k2, k2]), t, None, 4)
@@ -276,7 +276,7 @@ def test_mocov3_queue_adds_past_keys_as_negatives_and_takes_this_steps_keys(size
     model.queue.push(torch.randn(5, 16))
     queued = model.queue.keys().clone()
     assert queued.shape == (min(5, size), 16)
-    loss = model(x1, x2, FP32)
+    loss = model([x1, x2], FP32)
     q1, q2, k1, k2 = _mocov3_parts(model, x1, x2)
     t = model.temperature
     torch.testing.assert_close(loss, info_nce(q1, k2, t, queued) + info_nce(q2, k1, t, queued))
@@ -285,7 +285,7 @@ def test_mocov3_queue_adds_past_keys_as_negatives_and_takes_this_steps_keys(size
     torch.testing.assert_close(model.queue.keys(), torch.cat([queued, F.normalize(torch.cat([k1, k2]), dim=1)])[-size:])
     model.eval()
     before = model.queue.keys().clone()
-    model(x1, x2, FP32)
+    model([x1, x2], FP32)
     torch.testing.assert_close(model.queue.keys(), before)  # evaluation never pushes
 
 

@@ -42,7 +42,7 @@ def test_momentum_networks_follow_the_ema_with_the_scheduled_momentum(tiny_overr
     x = [torch.rand(cfg.batch_size, 3, 16, 16) for _ in range(2)]
     for step in range(t.total_steps):
         before = {m: _snapshot(getattr(t.model, m)) for _, m in PAIRS[method]}
-        training.train_step(t, *x, step)
+        training.train_step(t, x, step)
         m = scheduled_momentum((step + 1) / t.total_steps)
         for online_name, momentum_name in PAIRS[method]:
             online = dict(getattr(t.model, online_name).named_parameters())
@@ -71,10 +71,10 @@ def test_the_schedule_is_what_separates_the_expected_weights(tiny_overrides, met
     t, _ = training.build_training(cfg, torch.device("cpu"), steps_per_epoch=3)
     x = [torch.rand(cfg.batch_size, 3, 16, 16) for _ in range(2)]
     for step in range(3):
-        training.train_step(t, *x, step)
+        training.train_step(t, x, step)
     online, momentum = (getattr(t.model, n) for n in PAIRS[method][1])
     old = [p.detach().clone() for p in momentum.parameters()]
-    training.train_step(t, *x, 3)
+    training.train_step(t, x, 3)
     m, constant = scheduled_momentum(4 / 6), BASE
     gap = max(((m - constant) * (o - w.detach())).abs().max().item() for o, w in zip(old, online.parameters()))
     assert gap > 1e-3  # >> assert_close's atol + rtol * |w| above

@@ -49,7 +49,7 @@ def _meta_training(tiny_overrides, method: str, queue_size: int = 0):
 def _steps_without_sync(t, x, steps=3):
     with CrossDeviceOps() as mode:
         for step in range(steps):  # the first step creates the optimizer state; later ones use it
-            loss = training.train_step(t, *x, step)
+            loss = training.train_step(t, x, step)
     assert mode.ops > 100  # the mode saw the step: forward, backward, optimizer, momentum update
     assert mode.crossing == [], mode.crossing
     assert loss.device == META and loss.shape == ()

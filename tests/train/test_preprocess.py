@@ -117,7 +117,7 @@ def test_coreml_backend_crosses_into_workers_without_loaded_models(coreml_by_eva
     x = torch.rand(3, SIZE, SIZE)
     before = backend.grayscale(x)
     assert backend._loaded
-    clone = pickle.loads(pickle.dumps(augment.TwoViewDataset(torch.zeros(1, 3, SIZE, SIZE, dtype=torch.uint8),
+    clone = pickle.loads(pickle.dumps(augment.ViewDataset(torch.zeros(1, 3, SIZE, SIZE, dtype=torch.uint8),
                                                              augment.recipes_for("byol", SIZE), SIZE, 0, 0, backend)))
     assert clone.preprocess._loaded == {} and clone.preprocess.paths == backend.paths
     torch.testing.assert_close(clone.preprocess.grayscale(x), before, rtol=0, atol=0)

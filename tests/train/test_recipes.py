@@ -14,6 +14,7 @@ from stages import pretrain
 from train.data import count_train_images, load_data, make_split
 from train.methods import byol, mocov3, simclr
 from train.configs import PretrainConfig
+from train.method_spec import Recipe
 from train.runspec import config_for_run, resolve
 
 
@@ -113,6 +114,27 @@ def test_crop_min_scale_comes_from_the_recipe_and_a_flag_wins(tmp_path):
     assert cfg.crop_min_scale == 0.6
     with pytest.raises(PipelineError, match="crop_min_scale"):
         config_for_run(None, {"crop_min_scale": 1.5}, tmp_path / "run2", False)
+
+
+def test_a_multi_crop_methods_local_views_keep_their_own_crop_scale(monkeypatch):
+    """The recipe's crop scale and --crop-min-scale are the views' at the run's size; smaller (local) views keep the
+    scale their method gave them, the rest of the recipe's changes reach them, and blur goes by each view's side."""
+    local = augment.ViewRecipe(crop_scale=(0.05, 0.4), size=0.25, blur_p=0.5)
+    four = (*byol.SPEC.views, local, local)
+    monkeypatch.setattr(byol, "SPEC", dataclasses.replace(byol.SPEC, views=four))
+    assert augment.view_sizes("byol", 256) == (256, 256, 64, 64)
+    for min_scale, crop in ((None, (0.25, 1.0)), (0.5, (0.5, 1.0))):  # the small recipe crops from 25 %
+        views = recipes.views_for("small", "byol", 256, min_scale, 0.3)
+        assert [v.crop_scale for v in views] == [crop, crop, (0.05, 0.4), (0.05, 0.4)]
+        assert [v.blur_p for v in views] == [1.0, 0.1, 0.0, 0.0]  # the 64 px local views lose their blur
+        assert [v.solarize_p for v in views] == [0.0, 0.3, 0.0, 0.0]
+    monkeypatch.setitem(recipes.SMALL, "byol", Recipe({}, views=dict(brightness=0.7)))  # other changes: every view
+    assert [v.brightness for v in recipes.views_for("small", "byol", 256)] == [0.7] * 4
+
+
+def test_a_method_needs_a_view_at_the_runs_size():
+    with pytest.raises(ValueError, match="no view at the run's image size"):
+        dataclasses.replace(byol.SPEC, views=(augment.ViewRecipe(size=0.5),) * 2)
 
 
 def _views_drawn(monkeypatch, field: str) -> list:

@@ -1,7 +1,8 @@
 """SSL methods, one file each, and this folder is their registry: every module in it is a method, named by its file
 (the --method value). A method is an nn.Module holding `backbone` plus its own heads/momentum networks, with
-`forward(x1, x2, precision) -> loss` and `after_step(progress)` for momentum updates; its file ends with its
-MethodSpec (train/method_spec.py), which holds everything else about it. Nothing else lists the methods: the CLI's
+`forward(views, precision) -> loss` (views: a list of normalised batches, one per view its spec declares, in that
+order, each at its view's size) and `after_step(progress)` for momentum updates; its file ends with its MethodSpec
+(train/method_spec.py), which holds everything else about it. Nothing else lists the methods: the CLI's
 choices, config checks, recipes, views, resume rules, the export metadata and the report all read them here.
 
 The names are the folder's file names, read without importing the files (a method imports torch, and `pipeline

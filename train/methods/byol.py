@@ -32,7 +32,8 @@ class BYOL(nn.Module):
         self.momentum_base = cfg.momentum_base
         self.momentum = cfg.momentum_base
 
-    def forward(self, x1: torch.Tensor, x2: torch.Tensor, precision) -> torch.Tensor:
+    def forward(self, views: list[torch.Tensor], precision) -> torch.Tensor:
+        x1, x2 = views
         (p1, p2), (z1, z2) = online_and_momentum(x1, x2, precision, self.backbone, (self.projector, self.predictor),
                                                  self.target_backbone, (self.target_projector,))
         return byol_loss(p1, z2) + byol_loss(p2, z1)

@@ -83,7 +83,8 @@ class MoCoV3(nn.Module):
         self.momentum = cfg.momentum_base
         self.queue = KeyQueue(cfg.queue_size, cfg.proj_dim) if cfg.queue_size > 0 else None
 
-    def forward(self, x1: torch.Tensor, x2: torch.Tensor, precision) -> torch.Tensor:
+    def forward(self, views: list[torch.Tensor], precision) -> torch.Tensor:
+        x1, x2 = views
         (q1, q2), (k1, k2) = online_and_momentum(x1, x2, precision, self.backbone, (self.projector, self.predictor),
                                                  self.momentum_backbone, (self.momentum_projector,))
         # Negatives: every rank's keys (the paper's concat_all_gather); this rank's positives start at rank * n.

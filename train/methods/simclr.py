@@ -46,7 +46,8 @@ class SimCLR(nn.Module):
         self.projector = mlp(feat_dim, cfg.proj_hidden_dim, cfg.proj_dim)
         self.temperature = cfg.temperature
 
-    def forward(self, x1: torch.Tensor, x2: torch.Tensor, precision) -> torch.Tensor:
+    def forward(self, views: list[torch.Tensor], precision) -> torch.Tensor:
+        x1, x2 = views
         with precision.backbone():
             h = self.backbone(torch.cat([x1, x2]))
         with precision.heads():
