@@ -1,7 +1,12 @@
 """CUDA graphs change how the step is launched, not what it computes: each method trained for a few steps from
-the same init on the same batches with --cuda-graphs on and off; prints the largest loss difference per method
-and the largest relative weight difference at the end (bf16 autocast: expect ~1e-3, not 0, as cuDNN may time
-and pick other conv algorithms in each process state). Usage (a CUDA machine): python3 benchmarks/cuda_graph_check.py"""
+the same init on the same batches eager (--cuda-graphs off), graphed (on) and, with --compile, compiled inside the
+graphs (--compile --cuda-graphs on); prints the largest loss difference from eager per method and the largest
+relative weight difference at the end (bf16 autocast: expect ~1e-3, not 0, as cuDNN may time and pick other conv
+algorithms in each process state, and the compiler fuses and rounds differently).
+Usage (a CUDA machine): python3 benchmarks/cuda_graph_check.py [--compile]"""
+
+import sys
+
 
 import torch
 
@@ -10,21 +15,25 @@ from train.training import build_training, train_step
 from train.runspec import resolve, seed_everything
 
 device = torch.device("cuda")
+VARIANTS = ("off", "on", "on+compile") if "--compile" in sys.argv else ("off", "on")
 STEPS, BATCH, SIZE = 20, 128, 32
 batches = [[torch.rand(BATCH, 3, SIZE, SIZE, device=device, generator=torch.Generator(device).manual_seed(2 * i + v))
             .contiguous(memory_format=torch.channels_last) for v in (0, 1)] for i in range(STEPS)]
 for method in ("simclr", "byol", "mocov3"):
     runs = {}
-    for graphs in ("off", "on"):
+    for variant in VARIANTS:
+        graphs, compiled = variant.removesuffix("+compile"), variant.endswith("+compile")
         cfg = resolve(PretrainConfig(method=method, image_size=SIZE, batch_size=BATCH, epochs=1, device="cuda",
-                                     cuda_graphs=graphs, warmup_epochs=0.1))
+                                     cuda_graphs=graphs, compile=compiled, warmup_epochs=0.1))
         seed_everything(0)
         t, _ = build_training(cfg, device, steps_per_epoch=STEPS)
         assert t.cuda_graphs == (graphs == "on")
         t.model.train()
         losses = [float(train_step(t, x1, x2, i)) for i, (x1, x2) in enumerate(batches)]
-        runs[graphs] = (losses, [p.detach().float().clone() for p in t.model.backbone.parameters()])
-    dl = max(abs(a - b) for a, b in zip(runs["off"][0], runs["on"][0]))
-    dw = max(((a - b).norm() / a.norm()).item() for a, b in zip(runs["off"][1], runs["on"][1]))
-    print(f"{method}: losses eager {runs['off'][0][0]:.4f} -> {runs['off'][0][-1]:.4f}, graphs {runs['on'][0][0]:.4f} -> "
-          f"{runs['on'][0][-1]:.4f}; max |loss diff| over {STEPS} steps {dl:.2e}; max relative weight diff {dw:.2e}")
+        runs[variant] = (losses, [p.detach().float().clone() for p in t.model.backbone.parameters()])
+    for variant in VARIANTS[1:]:
+        dl = max(abs(a - b) for a, b in zip(runs["off"][0], runs[variant][0]))
+        dw = max(((a - b).norm() / a.norm()).item() for a, b in zip(runs["off"][1], runs[variant][1]))
+        print(f"{method}: losses eager {runs['off'][0][0]:.4f} -> {runs['off'][0][-1]:.4f}, graphs {variant} "
+              f"{runs[variant][0][0]:.4f} -> {runs[variant][0][-1]:.4f}; max |loss diff| over {STEPS} steps {dl:.2e}; "
+              f"max relative weight diff {dw:.2e}")

@@ -245,10 +245,12 @@ def test_cuda_graphs_policy():
     assert training.use_cuda_graphs("auto", cuda, 1, compiled=False)
     assert training.use_cuda_graphs("auto", cuda, 2, compiled=False)  # several processes: flat-buffer all-reduce
     assert not training.use_cuda_graphs("off", cuda, 1, compiled=False)
-    for device, world, compiled, sync_bn in [(cpu, 1, False, False), (cuda, 2, False, True), (cuda, 1, True, False)]:
-        assert not training.use_cuda_graphs("auto", device, world, compiled, sync_bn)
-        with pytest.raises(PipelineError, match="--cuda-graphs on needs CUDA without --compile or --sync-bn"):
-            training.use_cuda_graphs("on", device, world, compiled, sync_bn)
+    assert not training.use_cuda_graphs("auto", cuda, 1, compiled=True)  # compiled and graphed only when asked
+    assert training.use_cuda_graphs("on", cuda, 1, compiled=True)  # the compiled kernels captured in the graphs
+    for device, world, sync_bn in [(cpu, 1, False), (cuda, 2, True)]:
+        assert not training.use_cuda_graphs("auto", device, world, False, sync_bn)
+        with pytest.raises(PipelineError, match="--cuda-graphs on needs CUDA without --sync-bn"):
+            training.use_cuda_graphs("on", device, world, False, sync_bn)
 
 
 def test_cuda_graphs_on_without_cuda_is_a_clean_error(tmp_path, tiny_overrides):
