@@ -253,6 +253,30 @@ def test_cuda_graphs_policy():
             training.use_cuda_graphs("on", device, world, False, sync_bn)
 
 
+def test_compile_compiles_the_backbones_forward_so_graphs_can_capture_it(tiny_overrides, monkeypatch):
+    """--compile swaps the backbone's forward for the compiled one (what make_graphed_callables then captures in
+    its graphs; nn.Module.compile would wrap the module's call around it instead, and the graphs would replay from
+    inside the compiled code): the state_dict keys stay the plain module's, and a step through it trains."""
+    compiled = []
+
+    def fake_compile(fn, **kw):  # torch.compile's contract: a callable that computes what fn does
+        compiled.append(fn)
+        return lambda *a, **k: fn(*a, **k)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    cfg = resolve(PretrainConfig(**{**tiny_overrides, "compile": True}))
+    t, _ = training.build_training(cfg, torch.device("cpu"), steps_per_epoch=4)
+    backbone = t.model.backbone
+    assert len(compiled) == 1 and compiled[0] == type(backbone).forward.__get__(backbone)
+    assert backbone.forward is not compiled[0] and "forward" in vars(backbone)
+    plain = resolve(PretrainConfig(**tiny_overrides))
+    assert list(backbone.state_dict()) == list(training.build_training(plain, torch.device("cpu"), 4)[0].model.backbone.state_dict())
+    before = [p.detach().clone() for p in backbone.parameters()]
+    x = [torch.rand(cfg.batch_size, 3, 16, 16) for _ in range(2)]
+    assert torch.isfinite(training.train_step(t, *x, 0))
+    assert any(not torch.equal(a, p) for a, p in zip(before, backbone.parameters()))
+
+
 def test_cuda_graphs_on_without_cuda_is_a_clean_error(tmp_path, tiny_overrides):
     with pytest.raises(PipelineError, match="--cuda-graphs on needs CUDA"):
         _run(tmp_path, {**tiny_overrides, "cuda_graphs": "on", "max_steps": 1})
