@@ -20,7 +20,7 @@ def test_bench_json_on_cpu():
     assert (r["augment"], r["processes"], r["batch_size"], r["device"]) == ("device", 1, 8, "cpu")
     assert r["e2e_img_s"] > 0 and r["ceiling_img_s"] > 0 and r["peak_mem_gib"] > 0
     assert r["ratio"] == pytest.approx(r["e2e_img_s"] / r["ceiling_img_s"], rel=1e-2)
-    assert 0 <= r["data_wait_pct"] <= 100 and r["augment_ms_per_step"] > 0
+    assert 0 <= r["data_wait_pct"] <= 100 and r["augment_ms_per_step"] > 0 and r["setup_s"] > 0
     assert len(r["windows"]["e2e_img_s"]) == len(r["windows"]["ceiling_img_s"]) == 2
 
 
