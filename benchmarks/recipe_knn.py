@@ -60,7 +60,7 @@ def main() -> None:
         size, encoders = args.image_size, []
         for seed in args.seed:
             torch.manual_seed(seed)
-            backbone, _ = build_backbone(args.backbone, uses_small_stem("auto", size))
+            backbone, _ = build_backbone(args.backbone, uses_small_stem("auto", size), size)
             encoders.append(({"seed": str(seed)}, f"random-init seed {seed}",
                              Encoder(backbone, augment.MEAN, augment.STD, l2_normalize=True).eval()))
     # Decoded at the training size: a 32 px set is used as it is (pretraining stores folders at 8/7 x and crops;

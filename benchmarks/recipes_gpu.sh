@@ -15,7 +15,7 @@
 # ResNet-18 step is too small to fill an H200 alone, and the runs' start-up, strip and kNN overlap others' steps).
 #
 # Environment knobs: METHODS ("simclr byol mocov3"), SEEDS ("0 1 2"), DATASETS ("digits digits-sizes textures
-# photos"), EPOCHS (100), BATCH (512), IMAGE_SIZE (32), DEVICE (cuda), JOBS (4), DATA (OUT_DIR/data),
+# photos"), BACKBONE (resnet18), EPOCHS (100), BATCH (512), IMAGE_SIZE (32), DEVICE (cuda), JOBS (4), DATA (OUT_DIR/data),
 # PYTHON (python3), VARIANTS: "label:extra pretrain flags;label2:flags" runs every cell once per variant, e.g.
 # VARIANTS="auto:;paper:--recipe paper" (default: one variant "auto" with no extra flag: what a user gets).
 # A smoke test on a CPU: EPOCHS=1 SEEDS=0 DEVICE=cpu JOBS=2 bash benchmarks/recipes_gpu.sh /tmp/recipes-smoke
@@ -31,6 +31,7 @@ DATASETS=${DATASETS:-digits digits-sizes textures photos}
 EPOCHS=${EPOCHS:-100}
 BATCH=${BATCH:-512}
 IMAGE_SIZE=${IMAGE_SIZE:-32}
+BACKBONE=${BACKBONE:-resnet18}
 DEVICE=${DEVICE:-cuda}
 JOBS=${JOBS:-4}
 DATA=${DATA:-$OUT/data}
@@ -57,7 +58,8 @@ run_cell() {
   if [[ $method == random-init ]]; then  # the baseline: the random init of every seed (a few seconds)
     # shellcheck disable=SC2086
     $PY benchmarks/recipe_knn.py --train "$DATA/$ds/train" --eval "$DATA/$ds/eval" --random-init --seed $SEEDS \
-      --image-size "$IMAGE_SIZE" --device "$DEVICE" --results "$RESULTS" --tag "dataset=$ds" --tag "method=random-init" \
+      --backbone "$BACKBONE" --image-size "$IMAGE_SIZE" --device "$DEVICE" --results "$RESULTS" --tag "backbone=$BACKBONE" \
+      --tag "dataset=$ds" --tag "method=random-init" \
       --tag "variant=-" --tag "recipe=-" >"$OUT/logs/$ds-random-init.log" 2>&1 \
       && echo "done $ds random init" \
       || { echo "FAILED random init on $ds: see $OUT/logs/$ds-random-init.log"; tail -n 3 "$OUT/logs/$ds-random-init.log"; }
@@ -68,14 +70,14 @@ run_cell() {
   rm -rf "$run"
   t0=$(now_ms)
   # shellcheck disable=SC2086
-  if $PY -m pipeline pretrain --method "$method" --data "folder:$DATA/$ds/train" --image-size "$IMAGE_SIZE" \
+  if $PY -m pipeline pretrain --method "$method" --backbone "$BACKBONE" --data "folder:$DATA/$ds/train" --image-size "$IMAGE_SIZE" \
         --epochs "$EPOCHS" --batch-size "$BATCH" --device "$DEVICE" --seed "$seed" --out "$run" $flags >"$log" 2>&1; then
     t1=$(now_ms)
     if $PY -m pipeline strip --run "$run" >>"$log" 2>&1; then
       t2=$(now_ms)
       local recipe; recipe=$(sed -n 's/^recipe: //p' "$run/config.yaml")
       $PY benchmarks/recipe_knn.py --train "$DATA/$ds/train" --eval "$DATA/$ds/eval" --encoder "$run/export/encoder.pt" \
-        --device "$DEVICE" --results "$RESULTS" --tag "dataset=$ds" --tag "method=$method" --tag "seed=$seed" \
+        --device "$DEVICE" --results "$RESULTS" --tag "backbone=$BACKBONE" --tag "dataset=$ds" --tag "method=$method" --tag "seed=$seed" \
         --tag "variant=$label" --tag "recipe=$recipe" --tag "flags=$flags" \
         --tag "pretrain_ms=$((t1 - t0))" --tag "strip_ms=$((t2 - t1))" >>"$log" 2>&1 \
         || echo "{\"dataset\": \"$ds\", \"method\": \"$method\", \"seed\": \"$seed\", \"variant\": \"$label\", \"failed\": \"knn\", \"log\": \"$log\"}" >>"$RESULTS"
@@ -101,7 +103,7 @@ for seed in $SEEDS; do
     done
   done
 done
-echo "$(grep -vc random-init "$JOBFILE") trainings (and the random-init baselines), $JOBS jobs at a time on $DEVICE; logs in $OUT/logs"
+echo "$(grep -vc random-init "$JOBFILE") $BACKBONE trainings (and the random-init baselines), $JOBS jobs at a time on $DEVICE; logs in $OUT/logs"
 
 running=0
 while IFS=$'\t' read -r ds method seed label flags; do

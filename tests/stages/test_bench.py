@@ -20,7 +20,7 @@ def test_bench_json_on_cpu():
     assert (r["augment"], r["processes"], r["batch_size"], r["device"]) == ("device", 1, 8, "cpu")
     assert r["e2e_img_s"] > 0 and r["ceiling_img_s"] > 0 and r["peak_mem_gib"] > 0
     assert r["ratio"] == pytest.approx(r["e2e_img_s"] / r["ceiling_img_s"], rel=1e-2)
-    assert 0 <= r["data_wait_pct"] <= 100 and r["augment_ms_per_step"] > 0
+    assert 0 <= r["data_wait_pct"] <= 100 and r["augment_ms_per_step"] > 0 and r["setup_s"] > 0
     assert len(r["windows"]["e2e_img_s"]) == len(r["windows"]["ceiling_img_s"]) == 2
 
 
@@ -28,7 +28,7 @@ def test_bench_table_for_the_cpu_worker_recipe_and_bad_options():
     res = CliRunner().invoke(cli.main, ["bench", *TINY, "--augment", "cpu", "--num-workers", "0"])
     assert res.exit_code == 0, res.output
     assert "augment cpu" in res.output and "end-to-end" in res.output and "model-step ceiling" in res.output
-    for bad, msg in [(["--windows", "0"], "--windows"), (["--image-size", "4"], "image size 4 is impossible")]:
+    for bad, msg in [(["--windows", "0"], "--windows"), (["--image-size", "4"], "`image_size` must be >= 8")]:
         res = CliRunner().invoke(cli.main, ["bench", *TINY, *bad])
         assert res.exit_code == 2 and msg in res.output and len(res.output.strip().splitlines()) == 1
 

@@ -245,10 +245,36 @@ def test_cuda_graphs_policy():
     assert training.use_cuda_graphs("auto", cuda, 1, compiled=False)
     assert training.use_cuda_graphs("auto", cuda, 2, compiled=False)  # several processes: flat-buffer all-reduce
     assert not training.use_cuda_graphs("off", cuda, 1, compiled=False)
-    for device, world, compiled, sync_bn in [(cpu, 1, False, False), (cuda, 2, False, True), (cuda, 1, True, False)]:
-        assert not training.use_cuda_graphs("auto", device, world, compiled, sync_bn)
-        with pytest.raises(PipelineError, match="--cuda-graphs on needs CUDA without --compile or --sync-bn"):
-            training.use_cuda_graphs("on", device, world, compiled, sync_bn)
+    assert not training.use_cuda_graphs("auto", cuda, 1, compiled=True)  # compiled and graphed only when asked
+    assert training.use_cuda_graphs("on", cuda, 1, compiled=True)  # the compiled kernels captured in the graphs
+    for device, world, sync_bn in [(cpu, 1, False), (cuda, 2, True)]:
+        assert not training.use_cuda_graphs("auto", device, world, False, sync_bn)
+        with pytest.raises(PipelineError, match="--cuda-graphs on needs CUDA without --sync-bn"):
+            training.use_cuda_graphs("on", device, world, False, sync_bn)
+
+
+def test_compile_compiles_the_backbones_forward_so_graphs_can_capture_it(tiny_overrides, monkeypatch):
+    """--compile swaps the backbone's forward for the compiled one (what make_graphed_callables then captures in
+    its graphs; nn.Module.compile would wrap the module's call around it instead, and the graphs would replay from
+    inside the compiled code): the state_dict keys stay the plain module's, and a step through it trains."""
+    compiled = []
+
+    def fake_compile(fn, **kw):  # torch.compile's contract: a callable that computes what fn does
+        compiled.append(fn)
+        return lambda *a, **k: fn(*a, **k)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    cfg = resolve(PretrainConfig(**{**tiny_overrides, "compile": True}))
+    t, _ = training.build_training(cfg, torch.device("cpu"), steps_per_epoch=4)
+    backbone = t.model.backbone
+    assert len(compiled) == 1 and compiled[0] == type(backbone).forward.__get__(backbone)
+    assert backbone.forward is not compiled[0] and "forward" in vars(backbone)
+    plain = resolve(PretrainConfig(**tiny_overrides))
+    assert list(backbone.state_dict()) == list(training.build_training(plain, torch.device("cpu"), 4)[0].model.backbone.state_dict())
+    before = [p.detach().clone() for p in backbone.parameters()]
+    x = [torch.rand(cfg.batch_size, 3, 16, 16) for _ in range(2)]
+    assert torch.isfinite(training.train_step(t, *x, 0))
+    assert any(not torch.equal(a, p) for a, p in zip(before, backbone.parameters()))
 
 
 def test_cuda_graphs_on_without_cuda_is_a_clean_error(tmp_path, tiny_overrides):
