@@ -126,8 +126,8 @@ def check_machine(cfg, described: dict) -> str:
     device = described["auto_device"] if cfg.device == "auto" else cfg.device
     if device not in usable:
         raise Refused(f"`device` {cfg.device} is not usable on this server (usable: {', '.join(usable)}, or auto)")
-    if cfg.cuda_graphs == "on" and (device != "cuda" or cfg.compile or cfg.sync_bn):
-        raise Refused("`cuda_graphs` on needs device cuda without compile or sync_bn")
+    if cfg.cuda_graphs == "on" and device != "cuda":  # train/training.use_cuda_graphs's rule for one process
+        raise Refused("`cuda_graphs` on needs device cuda")
     if cfg.sync_bn and device != "cuda":
         raise Refused("`sync_bn` needs device cuda")
     if cfg.preprocess == "coreml" and not described.get("coreml_predicts"):
