@@ -270,6 +270,9 @@ def test_a_multi_crop_method_needs_no_other_edit(tmp_path):
         ["pretrain", *tiny, "--augment", "device", "--max-steps", "3", "--out", runs["device"]],
         ["pretrain", *tiny, "--augment", "device", "--max-steps", "2", "--out", runs["resumed"]],
         ["pretrain", "--resume", "--max-steps", "3", "--out", runs["resumed"]],
+        # the local views must fit the backbone too: a ViT takes one side, a convnet down to its total stride
+        ["pretrain", *tiny, "--backbone", "vit_t_16", "--out", str(tmp_path / "vit")],
+        ["pretrain", *tiny, "--image-size", "32", "--small-stem", "off", "--out", str(tmp_path / "imagenet-stem")],
     ]
     done = subprocess.run([sys.executable, str(ext / "run.py"), json.dumps(steps)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=600,
@@ -277,7 +280,10 @@ def test_a_multi_crop_method_needs_no_other_edit(tmp_path):
     out = done.stdout
     assert done.returncode == 0, out
     assert [line for line in out.splitlines() if line.startswith("== step")] == [
-        f"== step {i} rc=0" for i in range(4)], out
+        *(f"== step {i} rc=0" for i in range(4)), "== step 4 rc=2", "== step 5 rc=2"], out
+    assert "error: crops makes 8 px views beside its 16 px ones, and vit_t_16 is built for one image side" in out
+    assert "error: crops's 16 px views: image size 16 is impossible for resnet18 with the ImageNet stem" in out
+    assert not (tmp_path / "vit").exists() and not (tmp_path / "imagenet-stem").exists()
     sides = json.loads(out.split("== sides ")[1].splitlines()[0])
     assert sides == [[[8, 3, 16, 16]] * 2 + [[8, 3, 8, 8]] * 2] * 8  # 2 + 3 + 2 + 1 steps
     # --crop-min-scale (here the recipe's 0.4, or a flag's 0.3) crops the global views; the local ones stay local

@@ -45,7 +45,7 @@ class PretrainConfig:
                               "`pipeline bench --device cpu` times a step on yours", range=Range(1, MAX_IMAGE_SIZE))
     store_size: int = opt(0, "side at which images are decoded and kept; 0 = image size for array datasets, 8/7 x for folders", range=Range(0, 4096))
     epochs: int = opt(10, "passes over the train split", range=Range(1, 100_000))
-    batch_size: int = opt(128, "global batch: images per step over all processes (each of N GPUs takes batch/N; each image gives two views)", range=Range(2, 65_536))
+    batch_size: int = opt(128, "global batch: images per step over all processes (each of N GPUs takes batch/N; each image gives its method's views: two for the three here)", range=Range(2, 65_536))
     lr: float | None = opt(None, "base learning rate per 256 images; " + by_recipe(
         "simclr 0.12, byol 0.03, mocov3 0.3", "simclr 0.3, byol 0.2, mocov3 0.6"), range=Range(0, 100, lo_open=True))
     lr_scaling: str = opt("linear", "peak lr = lr x batch/256 (linear, as the papers) or lr x sqrt(batch/256)", choices=("linear", "sqrt", "none"))
@@ -136,4 +136,4 @@ class BenchConfig:
     window_steps: int | None = opt(None, "steps per window; None = 20 on a GPU, 1 on a CPU")
     seed: int = as_in(PretrainConfig, "seed")
     profile: str = opt("", "CUDA: also record one window of each phase with torch.profiler into this folder (Chrome traces) and report GPU-busy %, host ms per step and the top kernels: tells a host-bound step from a GPU-bound one")
-    preprocess: str | None = opt(None, "instead of training, time each per-image preprocessing op (jitter, grayscale, blur, a training item's two views) on this backend: torch, or coreml (macOS); batch x window-steps images per window", choices=("torch", "coreml"))
+    preprocess: str | None = opt(None, "instead of training, time each per-image preprocessing op (jitter, grayscale, blur, a training item's views) on this backend: torch, or coreml (macOS); batch x window-steps images per window", choices=("torch", "coreml"))

@@ -19,6 +19,7 @@ import torch
 from core import rundir
 from core.config import check_ranges, load_config, to_dict
 from core.errors import PipelineError
+from core.views import view_side
 from train import recipes
 from train import backbones
 from train.configs import PretrainConfig
@@ -58,6 +59,21 @@ def validate(cfg: PretrainConfig) -> None:
         for key in other.own_options:
             if other.name != cfg.method and getattr(cfg, key):
                 raise PipelineError(f"{key} is a {other.title} option; method is {cfg.method}")
+    check_view_sides(cfg)
+
+
+def check_view_sides(cfg: PretrainConfig) -> None:
+    """Each view of the method at its own side (a multi-crop method's local views are smaller than the run's image)
+    must fit the backbone: a ViT is built for one side, a convnet for sides down to its total stride."""
+    small = small_stem(cfg)
+    for side in sorted({view_side(v, cfg.image_size) for v in METHODS[cfg.method].views} - {cfg.image_size}):
+        if backbones.row(cfg.backbone).family == "vit":
+            raise PipelineError(f"{cfg.method} makes {side} px views beside its {cfg.image_size} px ones, and "
+                                f"{cfg.backbone} is built for one image side: use a convnet backbone")
+        try:
+            backbones.check_image_size(cfg.backbone, small, side)
+        except PipelineError as e:
+            raise PipelineError(f"{cfg.method}'s {side} px views: {e}") from None
 
 
 def store_size_for(cfg: PretrainConfig) -> int:
