@@ -273,7 +273,7 @@ def test_compile_compiles_the_backbones_forward_so_graphs_can_capture_it(tiny_ov
     assert list(backbone.state_dict()) == list(training.build_training(plain, torch.device("cpu"), 4)[0].model.backbone.state_dict())
     before = [p.detach().clone() for p in backbone.parameters()]
     x = [torch.rand(cfg.batch_size, 3, 16, 16) for _ in range(2)]
-    assert torch.isfinite(training.train_step(t, *x, 0))
+    assert torch.isfinite(training.train_step(t, x, 0))
     assert any(not torch.equal(a, p) for a, p in zip(before, backbone.parameters()))
 
 

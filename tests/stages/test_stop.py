@@ -19,7 +19,7 @@ from stages import pretrain
 from tests.tiny_run import TINY, pretrain_tiny
 
 ROOT = Path(__file__).parents[2]
-LONG = dict(TINY, epochs=4, checkpoint_every_s=1e9)  # 20 steps of 5 per epoch; last.pt only at the end or a stop
+LONG = dict(TINY, epochs=4, checkpoint_every_s=1e7)  # 20 steps of 5 per epoch; last.pt only at the end or a stop
 
 
 def _weights(run: Path) -> dict:
