@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import opt
-from export import formats
+from export import compression, formats
 from export.targets import ML_PROGRAM_REACH, ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS, NEURALNETWORK_TARGET, ipados
 
 
@@ -39,6 +39,10 @@ class ExportConfig:
                                           f"({ipados(NEURALNETWORK_TARGET)})", choices=tuple(formats.coreml_choices()))
     deployment_target: str | None = opt(None, f"ML Program minimum OS; None = {ML_PROGRAM_TARGET} "
                                               f"({ipados(ML_PROGRAM_TARGET)}: {ML_PROGRAM_REACH})", choices=ML_PROGRAM_TARGETS)
+    compress: str | None = opt(None, "Core ML weight compression; None = fp16 (uncompressed). A compressed file is "
+                                      "named for it (encoder.int8.mlpackage) and sits beside the others: "
+                                      + "; ".join(f"{c.name}: {c.what}" for c in compression.COMPRESSIONS.values()),
+                               choices=compression.names())
     opset: int | None = opt(None, "ONNX opset; None = 18, the lowest the torch.export-based exporter writes natively")
     author: str = opt("ssl-edge-pipeline", "shown in Xcode's model view")
     license: str = opt("MIT", "the pipeline's license; set the terms of your training data if they differ")
