@@ -63,5 +63,13 @@ class ValidateConfig:
     fp16_max_rel_l2: float = opt(1e-2, "fp16 artifacts: worst per-image ||a - r|| / ||r||; fp16 storage through a "
                                        "ResNet gives ~1e-3, an RGB/BGR swap ~5e-2")
     fp16_min_topk: float = opt(0.95, "fp16 artifacts: mean top-k neighbour overlap with PyTorch's features")
+    compressed_min_topk: float = opt(0.80, "compressed artifacts (--compress): mean top-k neighbour overlap with the "
+                                           "fp32 encoder (docs/export.md, Compressed weights: the measurement)")
+    compressed_max_knn_drop: float = opt(0.03, "compressed artifacts: largest drop in leave-one-out kNN top-1 on the "
+                                               "labelled val images (fp32 encoder minus artifact)")
+    compressed_max_probe_drop: float = opt(0.03, "compressed artifacts: largest drop in top-1 of a linear probe "
+                                                 "fitted on the fp32 features and fed the artifact's")
+    compressed_min_cosine: float = opt(0.90, "compressed artifacts: worst per-image cosine to the fp32 feature; one "
+                                             "image gone wrong, which the averages hide")
     coreml_runtime: str = opt("auto", "auto: also run the real Core ML runtime where it exists (macOS); off: never",
                               choices=("auto", "off"))

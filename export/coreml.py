@@ -193,7 +193,9 @@ def _kmeans_lut(nbits: int, weight):
     as an N x 1 array, which the protobuf field refuses (coremltools 9)."""
     from coremltools.models.neural_network.quantization_utils import _get_kmeans_lookup_table_and_weight
 
-    lut, indices = _get_kmeans_lookup_table_and_weight(nbits, weight)
+    # fp16 first, as the ML Program path clusters: coremltools then picks its exact 1-d k-means (kmeans1d), seconds
+    # where scikit-learn takes minutes on a 512x512x3x3 convolution; the stored LUT values are fp16-exact anyway.
+    lut, indices = _get_kmeans_lookup_table_and_weight(nbits, np.asarray(weight, dtype=np.float16))
     return np.asarray(lut, dtype=np.float32).reshape(-1), indices
 
 
