@@ -125,6 +125,13 @@ def test_compressed_artifacts_are_gated_on_use(compressed_run, tmp_path):
     assert rows["encoder.int8.mlpackage"]["worst_cosine"] > rows["encoder.palettize-4.mlpackage"]["worst_cosine"]
     assert rows["encoder.palettize-4.mlmodel"]["runtime"].startswith("nn-eval")
 
+    from stages import report
+
+    html = report.compression_picture(result)
+    assert "<img" in html and all(f in html for f in files)
+    fp16_only = {**result, "rows": [{**r, "precision": "fp16"} for r in result["rows"]]}
+    assert report.compression_picture(fp16_only) == ""  # no compressed artifact, no picture
+
 
 def _reverse_first_lut_mlpackage(src: Path, dst: Path) -> Path:
     """The first palettized weight reads its LUT backwards: every index now picks another centroid."""
