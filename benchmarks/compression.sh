@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Size against retrieval agreement for every --compress choice, for ResNet-18 and mobilenet_v3_small:
-#   bash benchmarks/compression.sh OUT        (CPU; about 40 minutes on 2 shared cores)
+#   bash benchmarks/compression.sh OUT [NAME]   (CPU; about an hour on 2 shared cores; NAME: one run only)
 # - digits-resnet18: make all's run (configs/default.yaml: SimCLR ResNet-18 on the embedded digits, 8 px);
 # - digits-mobilenet_v3_small: the same config with --backbone mobilenet_v3_small --image-size 16 (the smallest
 #   side its small stem takes) --epochs 5 (a quarter of make all's steps, to fit the CPU time);
@@ -28,5 +28,6 @@ run() {  # name, pretrain flags...
   $PY benchmarks/compression_measure.py "$r" --folder "$OUT/sets/digits-sizes/eval" --out "$RES/$name.digits-sizes.json" \
     > "$RES/$name.digits-sizes.txt"
 }
-run digits-resnet18
-run digits-mobilenet_v3_small --backbone mobilenet_v3_small --image-size 16 --epochs 5
+want() { [ -z "${2:-}" ] || [ "$2" = "$1" ]; }
+want digits-resnet18 "${2:-}" && run digits-resnet18
+want digits-mobilenet_v3_small "${2:-}" && run digits-mobilenet_v3_small --backbone mobilenet_v3_small --image-size 16 --epochs 5
