@@ -12,9 +12,9 @@ PRETRAIN_SRC := stages/pretrain.py train/runspec.py train/training.py train/reci
                 train/distributed.py train/configs.py train/heads.py train/method_spec.py train/data_spec.py \
                 core/provenance.py $(wildcard train/methods/*.py)
 EVAL_SRC     := stages/linear_eval.py train/runspec.py core/provenance.py train/knn.py train/features.py train/verdict.py
-EXPORT_SRC   := stages/export.py export/encoder.py export/formats.py export/coreml.py export/onnx_format.py \
+EXPORT_SRC   := stages/export.py export/encoder.py export/formats.py export/compression.py export/coreml.py export/onnx_format.py \
                 export/metadata.py core/quiet.py export/traced.py export/configs.py export/targets.py core/provenance.py
-VALIDATE_SRC := stages/validate.py train/runspec.py export/formats.py export/coreml.py export/onnx_format.py export/mil_eval.py \
+VALIDATE_SRC := stages/validate.py train/runspec.py export/formats.py export/compression.py export/coreml.py export/onnx_format.py export/mil_eval.py \
                 export/nn_eval.py export/parity.py core/coreml_runtime.py export/configs.py core/provenance.py
 REPORT_SRC   := stages/report.py stages/report_figures.py train/runspec.py train/verdict.py core/provenance.py
 

@@ -31,6 +31,7 @@ CONVERSION_BARS = (
     ("coremltools.converters.mil.frontend.torch.ops", "_tqdm"),
     ("coremltools.converters.mil.mil.passes.pass_pipeline", "tqdm"),
     ("coremltools.converters.mil.backend.nn.op_mapping", "_tqdm"),
+    ("coremltools.optimize.coreml._quantization_passes", "tqdm"),  # "Running compression pass ..." (--compress)
 )
 
 

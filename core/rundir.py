@@ -41,6 +41,8 @@ TRACE_INFO = "trace.json"  # in export/: which tracer made the graph, from which
 TRACED = {"torch.export": "encoder.pt2", "jit.trace": "encoder.ts"}  # in export/: the one traced graph, by tracer
 LINEAR_EVAL = "linear.json"  # in eval/: `pipeline linear-eval`'s result
 FEATURES = {"pretrained": "features_pretrained.pt", "random": "features_random.pt"}  # in eval/: its feature cache
+COMPRESSED_INFIX = "{stem}.{compression}{suffix}"  # in export/: encoder.int8.mlpackage beside encoder.mlpackage
+UNCOMPRESSED = "fp16"  # the compression whose artifact keeps the plain name (export/compression.py's NONE)
 PARITY = "parity.json"  # in validate/: `pipeline validate`'s result, one row per artifact and runtime
 
 
@@ -196,6 +198,14 @@ def file_sha256(path: Path | str) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def compressed_file(file: str, compression: str | None) -> str:
+    """encoder.mlpackage -> encoder.palettize-4.mlpackage; the uncompressed file keeps its name."""
+    if compression in (None, UNCOMPRESSED):
+        return file
+    stem, dot, suffix = file.partition(".")
+    return COMPRESSED_INFIX.format(stem=stem, compression=compression, suffix=dot + suffix)
 
 
 def artifact_digest(path: Path) -> tuple[int, str]:

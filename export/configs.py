@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import opt
-from export import formats
+from export import compression, formats
 from export.targets import ML_PROGRAM_REACH, ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS, NEURALNETWORK_TARGET, ipados
 
 
@@ -39,6 +39,10 @@ class ExportConfig:
                                           f"({ipados(NEURALNETWORK_TARGET)})", choices=tuple(formats.coreml_choices()))
     deployment_target: str | None = opt(None, f"ML Program minimum OS; None = {ML_PROGRAM_TARGET} "
                                               f"({ipados(ML_PROGRAM_TARGET)}: {ML_PROGRAM_REACH})", choices=ML_PROGRAM_TARGETS)
+    compress: str | None = opt(None, "Core ML weight compression; None = fp16 (uncompressed). A compressed file is "
+                                      "named for it (encoder.int8.mlpackage) and sits beside the others: "
+                                      + "; ".join(f"{c.name}: {c.what}" for c in compression.COMPRESSIONS.values()),
+                               choices=compression.names())
     opset: int | None = opt(None, "ONNX opset; None = 18, the lowest the torch.export-based exporter writes natively")
     author: str = opt("ssl-edge-pipeline", "shown in Xcode's model view")
     license: str = opt("MIT", "the pipeline's license; set the terms of your training data if they differ")
@@ -59,5 +63,13 @@ class ValidateConfig:
     fp16_max_rel_l2: float = opt(1e-2, "fp16 artifacts: worst per-image ||a - r|| / ||r||; fp16 storage through a "
                                        "ResNet gives ~1e-3, an RGB/BGR swap ~5e-2")
     fp16_min_topk: float = opt(0.95, "fp16 artifacts: mean top-k neighbour overlap with PyTorch's features")
+    compressed_min_topk: float = opt(0.80, "compressed artifacts (--compress): mean top-k neighbour overlap with the "
+                                           "fp32 encoder (docs/export.md, Compressed weights: the measurement)")
+    compressed_max_knn_drop: float = opt(0.03, "compressed artifacts: largest drop in leave-one-out kNN top-1 on the "
+                                               "labelled val images (fp32 encoder minus artifact)")
+    compressed_max_probe_drop: float = opt(0.03, "compressed artifacts: largest drop in top-1 of a linear probe "
+                                                 "fitted on the fp32 features and fed the artifact's")
+    compressed_min_cosine: float = opt(0.90, "compressed artifacts: worst per-image cosine to the fp32 feature; one "
+                                             "image gone wrong, which the averages hide")
     coreml_runtime: str = opt("auto", "auto: also run the real Core ML runtime where it exists (macOS); off: never",
                               choices=("auto", "off"))

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from export import compression
 from export.encoder import INPUT_NAME, OUTPUT_NAME
 from export.targets import NEURALNETWORK_TARGET, SPEC_TARGETS
 from export.metadata import as_strings, input_description, output_description
@@ -112,9 +114,40 @@ def _convert(ct, program, size: int, **kwargs):
         raise PipelineError(f"Core ML conversion failed ({type(e).__name__}: {first}); nothing was written") from None
 
 
+def _compress_ml_program(ct, model, name: str, target: str):
+    """The converted fp16 program with its weights compressed by coremltools.optimize.coreml; (model, the exact
+    OpConfig arguments). Refused when nothing was large enough to compress: a file named int8 must be int8."""
+    import coremltools.optimize.coreml as cto
+
+    config = compression.ml_program_config(name, target)
+    kind = compression.COMPRESSIONS[name].kind
+    op_config, apply = {"linear": (cto.OpLinearQuantizerConfig, cto.linear_quantize_weights),
+                        "palettize": (cto.OpPalettizerConfig, cto.palettize_weights),
+                        "prune": (cto.OpMagnitudePrunerConfig, cto.prune_weights)}[kind]
+    with warnings.catch_warnings(), conversion_bars_off():
+        warnings.simplefilter("ignore")  # per-op notes on skipped small tensors
+        model = apply(model, cto.OptimizationConfig(global_config=op_config(**config)))
+    ops = {t for t, _, _ in program_ops(model.get_spec()) if t.startswith("constexpr_")}
+    if not ops:
+        raise PipelineError(f"--compress {name}: no weight tensor has {compression.WEIGHT_THRESHOLD} or more values, "
+                            f"so nothing was compressed; nothing was written")
+    return model, config
+
+
+def _weight_file_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in (path / "Data" / "com.apple.CoreML" / "weights").rglob("*") if f.is_file())
+
+
+def _compression_detail(name: str, config: dict[str, Any], coremltools_call: str, weights_bytes: int) -> dict[str, Any]:
+    c = compression.COMPRESSIONS[name]
+    return {"compression": name, "compression_detail": c.what, "compression_config": {"call": coremltools_call, **config},
+            "weights_bytes": weights_bytes}
+
+
 def write_mlpackage(program, path: Path, meta: dict[str, Any], precision: str, options: dict[str, Any]) -> dict[str, Any]:
     ct = import_coremltools()
     target = options["deployment_target"]
+    name = options.get("compress") or compression.NONE
     detail = {"precision": precision, "deployment_target": target,
               "precision_detail": ("fp16 weights and activations; global pool and L2 normalisation in fp32"
                                    if precision == "fp16" else "fp32 weights and activations")}
@@ -122,11 +155,58 @@ def write_mlpackage(program, path: Path, meta: dict[str, Any], precision: str, o
                else ct.precision.FLOAT32)
     model = _convert(ct, program, meta["image_size"], convert_to="mlprogram", compute_precision=compute,
                      minimum_deployment_target=getattr(ct.target, target))
+    config: dict[str, Any] = {}
+    if name != compression.NONE:
+        model, config = _compress_ml_program(ct, model, name, target)
+        detail["precision_detail"] = (f"{compression.COMPRESSIONS[name].what} weights, decompressed to fp16 by "
+                                      f"constexpr ops; fp16 activations; global pool and L2 normalisation in fp32")
     if precision == "fp16":
         check_fp32_tail(model.get_spec())
+    model.save(str(path))  # once to measure the weight blob, whose size the metadata then carries
+    call = {"linear": "linear_quantize_weights", "palettize": "palettize_weights", "prune": "prune_weights"}.get(
+        compression.COMPRESSIONS[name].kind or "", "none")
+    detail.update(_compression_detail(name, config, f"coremltools.optimize.coreml.{call}" if config else "none",
+                                      _weight_file_bytes(path)))
     _set_metadata(model, {**meta, "format": "mlpackage", **detail})
+    shutil.rmtree(path)
     model.save(str(path))
     return detail
+
+
+class _LargeWeightsOnly:
+    """quantization_utils' layer selector, limited like coremltools.optimize's weight_threshold: convolutions and
+    inner products with at least WEIGHT_THRESHOLD weights. Batch-norm statistics and biases stay fp16."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def do_quantize(self, layer, **kwargs) -> bool:
+        kind = layer.WhichOneof("layer")
+        if kind not in ("convolution", "innerProduct") or not self.base.do_quantize(layer, **kwargs):
+            return False
+        w = getattr(layer, kind).weights
+        return max(len(w.floatValue), len(w.float16Value) // 2) >= compression.WEIGHT_THRESHOLD
+
+
+def _kmeans_lut(nbits: int, weight):
+    """coremltools' own k-means LUT for a NeuralNetwork weight, flattened: its "kmeans_lut" mode hands the LUT on
+    as an N x 1 array, which the protobuf field refuses (coremltools 9)."""
+    from coremltools.models.neural_network.quantization_utils import _get_kmeans_lookup_table_and_weight
+
+    # fp16 first, as the ML Program path clusters: coremltools then picks its exact 1-d k-means (kmeans1d), seconds
+    # where scikit-learn takes minutes on a 512x512x3x3 convolution; the stored LUT values are fp16-exact anyway.
+    lut, indices = _get_kmeans_lookup_table_and_weight(nbits, np.asarray(weight, dtype=np.float16))
+    return np.asarray(lut, dtype=np.float32).reshape(-1), indices
+
+
+def _nn_weights_bytes(spec) -> int:
+    total = 0
+    for layer in spec.neuralNetwork.layers:
+        kind = layer.WhichOneof("layer")
+        for fd, w in getattr(layer, kind).ListFields() if kind else ():
+            if fd.message_type is not None and fd.message_type.name == "WeightParams":
+                total += 4 * len(w.floatValue) + len(w.float16Value) + len(w.rawValue) + len(w.int8RawValue)
+    return total
 
 
 def write_mlmodel(program, path: Path, meta: dict[str, Any], precision: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -136,14 +216,30 @@ def write_mlmodel(program, path: Path, meta: dict[str, Any], precision: str, opt
     with contextlib.redirect_stdout(io.StringIO()):  # "Const ... was already added": a weight two layers share
         model = _convert(ct, program, meta["image_size"], convert_to="neuralnetwork",
                          minimum_deployment_target=getattr(ct.target, NEURALNETWORK_TARGET))
-    if precision == "fp16":
+    name = options.get("compress") or compression.NONE
+    config: dict[str, Any] = {}
+    if name != compression.NONE:
+        mode, nbits = compression.COMPRESSIONS[name].neuralnetwork
+        config = {"nbits": nbits, "quantization_mode": mode, "layers": "convolution, innerProduct",
+                  "weight_threshold": compression.WEIGHT_THRESHOLD}
+        lut = {"lut_function": _kmeans_lut} if mode == "kmeans_lut" else {}
         with contextlib.redirect_stdout(io.StringIO()):  # it prints one line per layer
+            model = quantization_utils.quantize_weights(
+                model, nbits=nbits, quantization_mode="custom_lut" if lut else mode,
+                selector=_LargeWeightsOnly(quantization_utils.QuantizedLayerSelector()), **lut)
+    if precision == "fp16":  # the rest (or all) to fp16; fields already quantized have no fp32 values to convert
+        with contextlib.redirect_stdout(io.StringIO()):
             model = quantization_utils.quantize_weights(model, nbits=16)
     spec = model.get_spec()
     target = SPEC_TARGETS.get(spec.specificationVersion, f"specification version {spec.specificationVersion}")
     detail = {"precision": precision, "deployment_target": target,
               "precision_detail": ("fp16 weights (NeuralNetwork: the device chooses the compute precision)"
                                    if precision == "fp16" else "fp32 weights")}
+    if config:
+        detail["precision_detail"] = (f"{compression.COMPRESSIONS[name].what} weights (convolutions and inner "
+                                      f"products), the rest fp16; the device chooses the compute precision")
+    detail.update(_compression_detail(name, config, "coremltools.models.neural_network.quantization_utils."
+                                      "quantize_weights" if config else "none", _nn_weights_bytes(spec)))
     # The NeuralNetwork converter leaves the output shape unset; the app (and Xcode's preview) should see [1, D].
     out = spec.description.output[0]
     if out.name != OUTPUT_NAME:

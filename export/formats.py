@@ -18,8 +18,10 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from export import compression
 from export.targets import ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS, NEURALNETWORK_TARGET, ipados
 from core.errors import PipelineError
+from core.rundir import compressed_file
 
 
 def lazy(module: str, name: str) -> Callable:
@@ -54,10 +56,12 @@ class Format:
 
 FORMATS: dict[str, Format] = {
     "mlpackage": Format("mlpackage", "coreml", "encoder.mlpackage", "Core ML ML Program", ("fp16", "fp32"),
-                        {"deployment_target": (ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS)},
+                        {"deployment_target": (ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS),
+                         "compress": (compression.NONE, compression.names())},
                         lazy("export.coreml", "write_mlpackage"), lazy("export.coreml", "check_mlpackage"),
                         ("coremltools",)),
-    "mlmodel": Format("mlmodel", "coreml", "encoder.mlmodel", "Core ML NeuralNetwork, one file", ("fp16", "fp32"), {},
+    "mlmodel": Format("mlmodel", "coreml", "encoder.mlmodel", "Core ML NeuralNetwork, one file", ("fp16", "fp32"),
+                      {"compress": (compression.NONE, compression.neuralnetwork_names())},
                       lazy("export.coreml", "write_mlmodel"), lazy("export.coreml", "check_mlmodel"), ("coremltools",)),
     "onnx": Format("onnx", "onnx", "encoder.onnx", "ONNX, one file, dynamic batch",
                    ("fp32",), {"opset": (18, (18, 19, 20, 21))},  # 17: the torch.export exporter writes 18 and
@@ -118,7 +122,7 @@ def select_formats(to: str, coreml_format: str | None, precision: str | None, op
         if not any(name in f.options for f in chosen):
             raise PipelineError(f"{_flag(name)} applies to {', '.join(f.key for f in users)}, which this export "
                                 f"(--to {to}{' --coreml-format ' + coreml_format if coreml_format else ''}) does not write")
-        allowed = users[0].options[name][1]
+        allowed = tuple(dict.fromkeys(v for f in users for v in f.options[name][1]))
         if value not in allowed:
             raise PipelineError(f"{_flag(name)} {value!r}: use one of {', '.join(map(str, allowed))}")
     plan = []
@@ -128,8 +132,21 @@ def select_formats(to: str, coreml_format: str | None, precision: str | None, op
                                 f"--precision out to use each format's default, or export {f.key} separately")
         own = {name: (options.get(name) if options.get(name) is not None else default)
                for name, (default, _) in f.options.items()}
+        if own.get("compress", compression.NONE) != compression.NONE:
+            why = compression.refusal(own["compress"], f.key, minimum_os(f.key, own))
+            if precision == "fp32":
+                why = (f"--compress {own['compress']} stores weights that Core ML decompresses to fp16 (fp16 "
+                       f"activations): leave --precision out")
+            if why:
+                raise PipelineError(why)
         plan.append((f, precision or f.precisions[0], own))
     return plan
+
+
+def artifact_file(f: Format, own: dict[str, Any]) -> str:
+    """The file a format writes with these options: its table name, with the compression in it when compressed,
+    so several compressions of one run sit side by side."""
+    return compressed_file(f.file, own.get("compress"))
 
 
 def describe_table() -> str:

@@ -536,6 +536,105 @@ MIL_OPS: dict[str, Callable[[dict, Any], Any]] = {
 }
 
 
+# ---------------------------------------------------------------- compressed weights (the constexpr ops)
+# A compressed weight is a `constexpr_*` op on const inputs in place of a `const` (coremltools.optimize.coreml
+# writes them: export/compression.py). Core ML decompresses them once, at load; so does `load_mlpackage`, with
+# these functions written from the op definitions (iOS16 and iOS18 op sets), never with coremltools' own
+# decompression, which is what tests/export/test_mil_compressed.py holds them to.
+
+def unpack_bits(packed: torch.Tensor, nbits: int, count: int) -> torch.Tensor:
+    """`count` n-bit unsigned fields from bytes packed LSB first (the iOS16 ops' layout: an index that straddles
+    two bytes has its low bits in the first)."""
+    bits = (packed.long().reshape(-1, 1) >> torch.arange(8)) & 1
+    fields = bits.reshape(-1)[: count * nbits].reshape(count, nbits)
+    return (fields << torch.arange(nbits)).sum(dim=1)
+
+
+def _along(v: torch.Tensor, axis: int, rank: int) -> torch.Tensor:
+    """A scalar or a vector laid along `axis` of a rank-`rank` tensor (affine_dequantize's broadcast rule)."""
+    if v.dim() == 0:
+        return v
+    shape = [1] * rank
+    shape[axis] = -1
+    return v.reshape(shape)
+
+
+def _affine_dequantize(a, op):
+    """iOS16: scale * (quantized_data - zero_point), scale and zero_point scalars or vectors along `axis`."""
+    q = a["quantized_data"]
+    axis = _ints(a["axis"])[0] % q.dim()
+    return (q.float() - _along(a["zero_point"].float(), axis, q.dim())) * _along(a["scale"], axis, q.dim())
+
+
+def _per_block(v: torch.Tensor, shape) -> torch.Tensor:
+    """A per-block parameter (one value per block of data.shape / v.shape) repeated to data's shape."""
+    for d, (n, m) in enumerate(zip(shape, v.shape)):
+        if n % m:
+            raise PipelineError(f"block parameter of shape {tuple(v.shape)} does not tile data of shape {tuple(shape)}")
+        v = v.repeat_interleave(n // m, dim=d)
+    return v
+
+
+def _blockwise_shift_scale(a, op):
+    """iOS18: scale * (data - offset), one scale (and offset) per block; the block is data.shape / scale.shape."""
+    data = a["data"].float()
+    if a.get("offset") is not None:
+        data = data - _per_block(a["offset"].float(), data.shape)
+    return data * _per_block(a["scale"], data.shape)
+
+
+def _lut_to_dense(a, op):
+    """Palettized weights. iOS16: `indices` are n-bit fields packed in bytes, one LUT of 2^n values for the tensor,
+    `shape` the output's. iOS18: `indices` unpacked, shaped as the output; the LUT's leading dims say how many
+    tables tile each axis (per grouped channel), its last dim is a vector of VECTOR_SIZE values laid along
+    `vector_axis`."""
+    lut = a["lut"]
+    if a.get("shape") is not None:
+        shape = _ints(a["shape"])
+        nbits = int(round(math.log2(lut.numel())))
+        return lut.reshape(-1)[unpack_bits(a["indices"], nbits, int(np.prod(shape)))].reshape(shape)
+    idx = a["indices"].long()
+    shape, groups, vector = list(idx.shape), list(lut.shape[:-2]), lut.shape[-1]
+    gid = torch.zeros(shape, dtype=torch.long)
+    for d, (n, g) in enumerate(zip(shape, groups)):  # which table each element reads, row-major over the tables
+        if n % g:
+            raise PipelineError(f"LUT of shape {tuple(lut.shape)} does not tile indices of shape {tuple(shape)}")
+        along = [1] * len(shape)
+        along[d] = n
+        gid = gid * g + (torch.arange(n) // (n // g)).reshape(along)
+    out = lut.reshape(-1, lut.shape[-2], vector)[gid, idx]  # shape + [vector]
+    if vector == 1:
+        return out.squeeze(-1)
+    axis = _ints(a["vector_axis"])[0] % len(shape)
+    shape[axis] *= vector
+    return out.movedim(-1, axis + 1).reshape(shape)
+
+
+def _sparse_to_dense(a, op):
+    """Pruned weights: zeros, with `nonzero_data` written in row-major order where the mask is set. iOS16: the mask
+    is bits packed LSB first and `shape` the output's; iOS18: the mask is a uint1 tensor of the output's shape."""
+    values = a["nonzero_data"].float()
+    if a.get("shape") is not None:
+        shape = _ints(a["shape"])
+        mask = unpack_bits(a["mask"], 1, int(np.prod(shape))).reshape(shape)
+    else:
+        mask = a["mask"]
+    mask = mask != 0
+    if int(mask.sum()) != values.numel():
+        raise PipelineError(f"the mask sets {int(mask.sum())} values, nonzero_data holds {values.numel()}")
+    out = torch.zeros(mask.shape, dtype=values.dtype)
+    out[mask] = values
+    return out
+
+
+CONSTEXPR_OPS: dict[str, Callable[[dict, Any], Any]] = {
+    "constexpr_affine_dequantize": _affine_dequantize,  # iOS16: linear 8-bit
+    "constexpr_blockwise_shift_scale": _blockwise_shift_scale,  # iOS18: linear 8/4-bit, per channel or block
+    "constexpr_lut_to_dense": _lut_to_dense,  # palettized, both op sets
+    "constexpr_sparse_to_dense": _sparse_to_dense,  # pruned, both op sets
+}
+
+
 # ---------------------------------------------------------------- loading and running a program
 
 @dataclass
@@ -556,7 +655,8 @@ class MilModel:
     @property
     def precision(self) -> str:
         """fp16 if any op computes in fp16 (what the gates care about), else fp32."""
-        return "fp16" if any(_dtype(v) == "fp16" for op in self.function.operations if op.op_type != "const"
+        return "fp16" if any(_dtype(v) == "fp16" for op in self.function.operations
+                             if op.op_type != "const" and not op.op_type.startswith("constexpr_")
                              for v in op.outputs) else "fp32"
 
 
@@ -641,7 +741,22 @@ def load_mlpackage(path: Path | str) -> MilModel:
     for op in func.operations:
         if op.op_type == "const":
             model.consts[op.outputs[0].name] = _const_value(op.outputs[0])
+    for op in func.operations:  # compressed weights: decompressed once, as Core ML does at load
+        if op.op_type.startswith("constexpr_"):
+            model.consts.update(decompress(op, model.consts, path.name))
     return model
+
+
+def decompress(op, consts: dict[str, Any], where: str) -> dict[str, torch.Tensor]:
+    """{output name: value} of one constexpr op on already-known const inputs, stored as the program declares."""
+    fn = CONSTEXPR_OPS.get(op.op_type)
+    if fn is None:
+        raise PipelineError(f"{where}: op `{op.op_type}` ({op.name}) is not supported by the reference evaluator, so "
+                            f"this model cannot be checked; add it to export/mil_eval.CONSTEXPR_OPS with a test")
+    args = {key: consts[v.name] for key, v in op.inputs.items()}
+    label = f"{where}: op `{op.op_type}` ({op.name})"
+    results = call_checked(label, len(op.outputs), lambda: fn(args, op))
+    return {var.name: _as_declared(val, var, label) for var, val in zip(op.outputs, results)}
 
 
 def image_input(rgb: torch.Tensor, info: InputInfo) -> torch.Tensor:
@@ -677,7 +792,7 @@ def run_program(model: MilModel, feeds: dict[str, torch.Tensor]) -> dict[str, to
             raise PipelineError(f"{model.path.name}: missing input {var_name!r}")
         env[var_name] = _as_declared(torch.as_tensor(feeds[var_name]), var, f"{model.path.name} input {var_name!r}")
     for op in model.function.operations:
-        if op.op_type == "const":
+        if op.op_type == "const" or op.op_type.startswith("constexpr_"):  # in env already (load_mlpackage)
             continue
         fn = MIL_OPS.get(op.op_type)
         if fn is None:

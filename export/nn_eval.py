@@ -31,20 +31,73 @@ from core.errors import PipelineError
 
 # ---------------------------------------------------------------- weights
 
-def weights(w) -> torch.Tensor:
-    """A WeightParams as a float32 tensor: floatValue or float16Value (widened exactly). Quantized weights are
-    refused: their dequantisation is a separate semantics this evaluator does not claim to reproduce."""
+def weights(w, count: int | None = None) -> torch.Tensor:
+    """A WeightParams as a float32 tensor: floatValue or float16Value (widened exactly), or quantized weights
+    (`pipeline export --compress`) dequantized; those need `count`, the number of weights the layer declares,
+    since n-bit fields padded to a whole byte leave it ambiguous."""
     if len(w.floatValue):
         return torch.tensor(np.asarray(w.floatValue, dtype=np.float32))
     if len(w.float16Value):
         return torch.from_numpy(np.frombuffer(w.float16Value, dtype=np.float16).astype(np.float32))
-    if len(w.rawValue) or len(w.int8RawValue):
-        raise PipelineError("quantized weights are not supported by the reference evaluator")
+    if len(w.int8RawValue):
+        raise PipelineError("int8 dynamic-quantization weights are not supported by the reference evaluator")
+    if len(w.rawValue):
+        return dequantize(w, count)
     return torch.zeros(0)
 
 
+def unpack_fields_msb(packed: torch.Tensor, nbits: int, count: int) -> torch.Tensor:
+    """`count` n-bit unsigned fields from bytes packed most significant bit first (the NeuralNetwork's layout,
+    the reverse of the ML Program's)."""
+    bits = (packed.long().reshape(-1, 1) >> torch.arange(7, -1, -1)) & 1
+    fields = bits.reshape(-1)[: count * nbits].reshape(count, nbits)
+    return (fields << torch.arange(nbits - 1, -1, -1)).sum(dim=1)
+
+
+def dequantize(w, count: int | None) -> torch.Tensor:
+    """Quantized WeightParams -> float32: per-channel linear (q * scale + bias, along the first axis) or a lookup
+    table, as NeuralNetwork.proto's QuantizationParams define them; computed in float64 and rounded once."""
+    q = w.quantization
+    nbits, kind = q.numberOfBits, q.WhichOneof("QuantizationType")
+    if count is None:
+        raise PipelineError("quantized weights outside a convolution or inner product are not supported by the "
+                            "reference evaluator")
+    raw = torch.from_numpy(np.frombuffer(w.rawValue, dtype=np.uint8).copy())
+    if not 1 <= nbits <= 8 or len(raw) != -(-count * nbits // 8):
+        raise PipelineError(f"{len(raw)} bytes of {nbits}-bit weights cannot hold the layer's {count} weights")
+    codes = raw.long() if nbits == 8 else unpack_fields_msb(raw, nbits, count)
+    if kind == "linearQuantization":
+        scale = torch.tensor(list(q.linearQuantization.scale), dtype=torch.float64)
+        bias = torch.tensor(list(q.linearQuantization.bias), dtype=torch.float64)
+        if len(scale) != len(bias) or len(scale) < 1 or count % len(scale):
+            raise PipelineError(f"linear quantization with {len(scale)} scales and {len(bias)} biases for {count} weights")
+        out = codes.double().reshape(len(scale), -1) * scale[:, None] + bias[:, None]
+    elif kind == "lookupTableQuantization":
+        lut = torch.tensor(list(q.lookupTableQuantization.floatValue), dtype=torch.float64)
+        if len(lut) != 2 ** nbits:
+            raise PipelineError(f"a {nbits}-bit lookup table needs {2 ** nbits} values, it has {len(lut)}")
+        out = lut[codes]
+    else:
+        raise PipelineError(f"quantization {kind!r} is not supported by the reference evaluator")
+    return out.reshape(-1).to(torch.float32)
+
+
+def quantized_count(layer, field: str) -> int | None:
+    """How many weights a layer's field holds, by its declared sizes: the layers --compress quantizes."""
+    kind = layer.WhichOneof("layer")
+    if field != "weights":
+        return None
+    if kind == "convolution":
+        c = layer.convolution
+        return int(c.outputChannels * c.kernelChannels * np.prod(list(c.kernelSize)))
+    if kind == "innerProduct":
+        return int(layer.innerProduct.outputChannels * layer.innerProduct.inputChannels)
+    return None
+
+
 def _is_fp16(w) -> bool:
-    return len(w.float16Value) > 0
+    """fp16 weights, or quantized ones: both stand for an fp16 network (the device computes it in fp16)."""
+    return len(w.float16Value) > 0 or len(w.rawValue) > 0
 
 
 # ---------------------------------------------------------------- layers
@@ -505,7 +558,7 @@ def load_mlmodel(path: Path | str) -> NNModel:
         fields = _layer_weights(layer)
         fp16 = fp16 or any(_is_fp16(w) for w in fields.values())
         try:
-            layer_weights.append({name: weights(w) for name, w in fields.items()})
+            layer_weights.append({name: weights(w, quantized_count(layer, name)) for name, w in fields.items()})
         except PipelineError as e:
             raise PipelineError(f"{path}: layer `{layer.WhichOneof('layer')}` ({layer.name}): {e}") from None
     return NNModel(path, spec, inputs, [o.name for o in spec.description.output], scalers, layer_weights, fp16)

@@ -7,13 +7,20 @@ itself excluded) by PyTorch's features and by the artifact's. Pure numpy; no mod
 Cosine alone is too loose a gate: an RGB/BGR swap on a random-init ResNet still scores 0.9989. So an fp32
 artifact must match to max abs 1e-4 *and* cosine 0.99999, and an fp16 one must keep every image's relative
 error under 1e-2 *and* keep the neighbours an app would retrieve.
+
+Compressed weights (8-bit, 6/4-bit palettized, pruned) move every feature by far more than fp16 storage, and an
+elementwise bound would only say so. What an app does with an embedding is retrieve neighbours and classify, so a
+compressed artifact is gated on exactly that, against the fp32 encoder, on labelled val images: top-k neighbour
+agreement, the drop in leave-one-out kNN top-1, the drop in top-1 of a linear probe fitted on the fp32 features
+and fed the artifact's (the classifier an app trained once keeps its answers), and the worst cosine, which catches
+one image gone wrong that the averages hide.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16", "compressed")  # compressed: weights of `pipeline export --compress`, gated on use
 
 
 def _rows(a) -> np.ndarray:
@@ -52,6 +59,55 @@ def topk_agreement(ref, out, k: int) -> float | None:
     return float(np.mean([len(set(x) & set(y)) / k for x, y in zip(a, b)]))
 
 
+def knn_top1(feats, labels, k: int) -> float | None:
+    """Leave-one-out majority-vote kNN top-1 within the set (cosine; ties to the lowest class); None: < 2 images."""
+    labels = np.asarray(labels)
+    n = len(labels)
+    k = min(k, n - 1)
+    if k < 1:
+        return None
+    votes = labels[neighbours(feats, k)]
+    classes = np.unique(labels)
+    counts = (votes[:, :, None] == classes[None, None, :]).sum(axis=1)
+    return float(np.mean(classes[counts.argmax(axis=1)] == labels))
+
+
+def probe_top1(ref, out, labels, seed: int = 0) -> tuple[float, float] | None:
+    """(top-1 on ref, top-1 on out) of linear probes fitted on ref's features: two folds, each fitted on one half
+    (stratified, seeded) and scored on the other, with the same probe fed both feature sets. None: too few images
+    (each class needs two, one per fold)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    labels = np.asarray(labels)
+    _, counts = np.unique(labels, return_counts=True)
+    if len(counts) < 2 or counts.min() < 2:
+        return None
+    r, a = _rows(ref), _rows(out)
+    hits_r = hits_a = 0
+    for fit, score in StratifiedKFold(2, shuffle=True, random_state=seed).split(r, labels):
+        probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(r[fit], labels[fit])
+        hits_r += int((probe.predict(r[score]) == labels[score]).sum())
+        hits_a += int((probe.predict(a[score]) == labels[score]).sum())
+    return hits_r / len(labels), hits_a / len(labels)
+
+
+def use_metrics(ref, out, labels, k: int) -> dict:
+    """What an app does with the embedding, fp32 encoder against artifact: kNN and linear-probe top-1 and their
+    drops (positive: the artifact answers worse). Empty without labels."""
+    if labels is None or len(labels) < 2:
+        return {}
+    kr, ka = knn_top1(ref, labels, k), knn_top1(out, labels, k)
+    probe = probe_top1(ref, out, labels)
+    m = {"knn_k": min(k, len(labels) - 1), "knn_top1_ref": kr, "knn_top1": ka,
+         "knn_drop": None if kr is None else kr - ka}
+    if probe is not None:
+        m.update(probe_top1_ref=probe[0], probe_top1=probe[1], probe_drop=probe[0] - probe[1])
+    return m
+
+
 def compare(ref, out, top_k: int = 10) -> dict:
     """All metrics of `out` against `ref` (N x D each). Shapes must match; NaN/inf are reported, not hidden."""
     r, a = _rows(ref), _rows(out)
@@ -76,7 +132,9 @@ def compare(ref, out, top_k: int = 10) -> dict:
 
 
 def gate_failures(metrics: dict, precision: str, *, fp32_max_abs: float, fp32_min_cosine: float,
-                  fp16_max_rel_l2: float, fp16_min_topk: float) -> list[str]:
+                  fp16_max_rel_l2: float, fp16_min_topk: float, compressed_min_topk: float | None = None,
+                  compressed_max_knn_drop: float | None = None, compressed_max_probe_drop: float | None = None,
+                  compressed_min_cosine: float | None = None) -> list[str]:
     """Empty when the artifact passes; else one phrase per failed gate naming the metric, value and bound.
     The bounds (and why) are `stages.validate.ValidateConfig`'s."""
     if precision not in PRECISIONS:
@@ -84,6 +142,21 @@ def gate_failures(metrics: dict, precision: str, *, fp32_max_abs: float, fp32_mi
     if "error" in metrics:
         return [metrics["error"]]
     fails = []
+    if precision == "compressed":
+        bounds = (compressed_min_topk, compressed_max_knn_drop, compressed_max_probe_drop, compressed_min_cosine)
+        if any(b is None for b in bounds):
+            raise ValueError("compressed artifacts need all four compressed_* gates")
+        agree = metrics["topk_agreement"]
+        if agree is None:
+            fails.append("top-k agreement needs at least 2 images")
+        elif not agree >= compressed_min_topk:
+            fails.append(f"top{metrics['top_k']}_agreement {agree:.3f} < {compressed_min_topk:g}")
+        if not metrics["worst_cosine"] >= compressed_min_cosine:
+            fails.append(f"worst_cosine {metrics['worst_cosine']:.4f} < {compressed_min_cosine:g}")
+        for key, bound in (("knn_drop", compressed_max_knn_drop), ("probe_drop", compressed_max_probe_drop)):
+            if metrics.get(key) is not None and not metrics[key] <= bound:
+                fails.append(f"{key} {metrics[key]:.3f} > {bound:g}")
+        return fails
     if precision == "fp32":
         if not metrics["max_abs"] <= fp32_max_abs:
             fails.append(f"max_abs {metrics['max_abs']:.3g} > {fp32_max_abs:g}")

@@ -14,8 +14,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from export import compression
 from export.encoder import load_encoder
-from export.formats import FORMATS, minimum_os, option_names, select_formats
+from export.formats import FORMATS, artifact_file, minimum_os, option_names, select_formats
 from export.targets import ipados
 from export.metadata import build_metadata
 from export.traced import example_input, load_traced
@@ -62,28 +63,41 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _possible_files(f) -> list[str]:
+    """Every file a format can write: its table name and one per compression it allows."""
+    return list(dict.fromkeys(artifact_file(f, {"compress": c}) for c in f.options.get("compress", (None, (None,)))[1]))
+
+
 def _previous_entries(export_dir: Path, encoder_sha: str, rewritten: set[str], say) -> list[dict]:
-    """Artifacts of formats this export does not rewrite: kept (and listed) if made from the same encoder.pt,
-    removed if made from another one, so export/ never holds an artifact the sidecar does not vouch for."""
+    """Artifacts this export does not rewrite (other formats, other compressions): kept (and listed) if made from
+    the same encoder.pt, removed if made from another one, so export/ never holds an artifact the sidecar does not
+    vouch for."""
     sidecar = export_dir / SIDECAR
     old: dict[str, dict] = {}
     if sidecar.is_file():
         try:
-            old = {a["format"]: a for a in rundir.load_json(sidecar, "export sidecar").get("artifacts", [])}
+            old = {a["file"]: a for a in rundir.load_json(sidecar, "export sidecar").get("artifacts", [])}
         except (PipelineError, AttributeError, KeyError, TypeError):
             old = {}  # a broken sidecar vouches for nothing
     kept = []
     for f in FORMATS.values():
-        path = export_dir / f.file
-        if f.key in rewritten or not path.exists():
-            continue
-        entry = old.get(f.key)
-        if entry and entry.get("encoder_sha256") == encoder_sha and entry.get("file") == f.file:
-            kept.append(entry)
-        else:
-            _remove(path)
-            say(f"removed {path}: not made from the current encoder.pt (export it again with --to {f.to})")
+        for file in _possible_files(f):
+            path = export_dir / file
+            if file in rewritten or not path.exists():
+                continue
+            entry = old.get(file)
+            if entry and entry.get("encoder_sha256") == encoder_sha and entry.get("format") == f.key:
+                kept.append(entry)
+            else:
+                _remove(path)
+                say(f"removed {path}: not made from the current encoder.pt (export it again with --to {f.to})")
     return kept
+
+
+def _order(entry: dict) -> tuple[int, int]:
+    f = FORMATS[entry["format"]]
+    files = _possible_files(f)
+    return list(FORMATS).index(f.key), files.index(entry["file"]) if entry["file"] in files else len(files)
 
 
 def run(cfg: ExportConfig, run_dir: Path, say=print) -> dict:
@@ -104,21 +118,22 @@ def run(cfg: ExportConfig, run_dir: Path, say=print) -> dict:
     try:
         written = []
         for fmt, precision, own in plan:
-            target = minimum_os(fmt.key, own)
-            say(f"writing {fmt.file}: {fmt.what}{f' for {ipados(target)}' if target else ''}, {precision} ...")
-            detail = fmt.writer(program, staging / fmt.file, meta, precision, {**own, "example": example})
-            if not (staging / fmt.file).exists():
-                raise PipelineError(f"the {fmt.key} writer finished without writing {fmt.file}")
-            size, sha = artifact_digest(staging / fmt.file)
-            written.append({"format": fmt.key, "file": fmt.file, **detail, "size_bytes": size, "sha256": sha,
+            target, file = minimum_os(fmt.key, own), artifact_file(fmt, own)
+            squeeze = f", weights {own['compress']}" if own.get("compress") not in (None, compression.NONE) else ""
+            say(f"writing {file}: {fmt.what}{f' for {ipados(target)}' if target else ''}, {precision}{squeeze} ...")
+            detail = fmt.writer(program, staging / file, meta, precision, {**own, "example": example})
+            if not (staging / file).exists():
+                raise PipelineError(f"the {fmt.key} writer finished without writing {file}")
+            size, sha = artifact_digest(staging / file)
+            written.append({"format": fmt.key, "file": file, **detail, "size_bytes": size, "sha256": sha,
                             "encoder_sha256": meta["encoder_sha256"]})
         for entry in written:
             _put_in_place(staging / entry["file"], export_dir / entry["file"], staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
-    artifacts = written + _previous_entries(export_dir, meta["encoder_sha256"], {e["format"] for e in written}, say)
-    artifacts.sort(key=lambda a: list(FORMATS).index(a["format"]))
+    artifacts = written + _previous_entries(export_dir, meta["encoder_sha256"], {e["file"] for e in written}, say)
+    artifacts.sort(key=_order)
     sidecar = {**meta, "sha256_of_directory": "sha256 over each file in sorted relative-path order: its path, a NUL "
                                               "byte, its size (8 bytes, little-endian), its contents",
                "artifacts": artifacts}

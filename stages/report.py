@@ -481,7 +481,7 @@ def parity(run: Run) -> str:
     panels = []
     for r in p["rows"]:
         per = r.get("per_image")
-        if not per:
+        if not per or r["precision"] == "compressed":  # gated on use, not on per-image error: the size picture below
             continue
         fp16 = r["precision"] == "fp16"
         panels.append({"title": f"{r['artifact']} ({r['runtime']}, {r['precision']})",
@@ -491,8 +491,39 @@ def parity(run: Run) -> str:
         out.append(str(img(parity_histograms(panels), "per-image parity error histograms with the gates")))
         out.append("<p class=note>Per artifact, the per-image error its gate is on: relative L2 ‖a − r‖ / ‖r‖ for fp16, "
                    "max abs for fp32; the red line is the gate.</p>")
+    out.append(compression_picture(p))
     out.append(worst_images(run, p))
     return "\n".join(out)
+
+
+def compression_picture(p: dict) -> str:
+    """Size against retrieval agreement and kNN/probe drop, per artifact, when any artifact is compressed: the
+    picture to choose the smallest model that keeps the answers from."""
+    from stages.report_figures import compression_tradeoff
+
+    rows = [r for r in p["rows"] if r.get("size_bytes") and not r["runtime"].startswith("coreml ")]
+    if not any(r["precision"] == "compressed" for r in rows):
+        return ""
+    g = p["config"]
+    gates = {"topk": g.get("compressed_min_topk"), "knn": g.get("compressed_max_knn_drop")}
+    points = [{"label": f"{r['artifact']} ({r['size_bytes'] / 1e6:.1f} MB)", "size_mb": r["size_bytes"] / 1e6,
+               "agreement": r.get("topk_agreement"), "knn_drop": r.get("knn_drop"), "probe_drop": r.get("probe_drop"),
+               "gates": gates if None not in gates.values() else None} for r in rows]
+    k = max((r.get("top_k") or 0 for r in rows), default=0)
+    lines = [[r["artifact"], r.get("compression", "fp16"), f"{r['size_bytes'] / 1e6:.2f}", _fmt(r.get("topk_agreement"), ".3f"),
+              _fmt(r.get("knn_top1"), ".3f"), _fmt(r.get("knn_drop"), "+.3f"), _fmt(r.get("probe_top1"), ".3f"),
+              _fmt(r.get("probe_drop"), "+.3f")] for r in rows]
+    return "\n".join([
+        "<h3>Compressed weights: size against answers</h3>",
+        str(img(compression_tradeoff(points), "artifact size against retrieval agreement and kNN / probe top-1 drop")),
+        table(["artifact", "compression", "MB", f"top-{k} agree", "kNN top-1", "kNN drop", "probe top-1", "probe drop"],
+              lines, "num"),
+        f"<p class=note>Against the fp32 encoder on the labelled val images: top-{k} neighbour agreement, "
+        f"leave-one-out kNN top-1 and a linear probe fitted on the fp32 features and fed each artifact's. "
+        f"Compressed artifacts pass with agreement ≥ {g.get('compressed_min_topk')}, drops ≤ "
+        f"{g.get('compressed_max_knn_drop')} (kNN) and {g.get('compressed_max_probe_drop')} (probe), worst cosine ≥ "
+        f"{g.get('compressed_min_cosine')} (red lines: the first two). Pick the smallest file whose answers you can "
+        f"live with.</p>"])
 
 
 def worst_images(run: Run, p: dict) -> str:

@@ -128,3 +128,35 @@ def parity_histograms(panels: list[dict]) -> bytes:
         ax.tick_params(labelsize=7)
     fig.tight_layout()
     return _png(fig)
+
+
+def compression_tradeoff(points: list[dict]) -> bytes:
+    """Size against what an app keeps, one marker per artifact: left, top-k neighbour agreement with the fp32
+    encoder; right, the drop in kNN top-1 (filled) and linear-probe top-1 (hollow). Each point: label, size_mb,
+    agreement, knn_drop, probe_drop (None: not measured); `gates` draws the compressed gates as red lines."""
+    fig = Figure(figsize=(9.6, 3.4))
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    colours = colormaps["tab10"]
+    for i, p in enumerate(points):
+        c = colours(i % 10)
+        if p.get("agreement") is not None:
+            left.scatter(p["size_mb"], p["agreement"], color=c, s=36, label=p["label"], zorder=3)
+        if p.get("knn_drop") is not None:
+            right.scatter(p["size_mb"], 100 * p["knn_drop"], color=c, s=36, zorder=3)
+        if p.get("probe_drop") is not None:
+            right.scatter(p["size_mb"], 100 * p["probe_drop"], facecolors="none", edgecolors=[c], s=36, zorder=3)
+    gates = points[0].get("gates") if points else None
+    if gates:
+        left.axhline(gates["topk"], color="#c0392b", lw=1.5)
+        right.axhline(100 * gates["knn"], color="#c0392b", lw=1.5)
+    left.set_xlabel("artifact size (MB)", fontsize=8)
+    left.set_ylabel("top-k neighbour agreement with fp32", fontsize=8)
+    right.set_xlabel("artifact size (MB)", fontsize=8)
+    right.set_ylabel("top-1 drop (points): kNN ●, probe ○", fontsize=8)
+    right.axhline(0, color="#888888", lw=0.8)
+    for ax in (left, right):
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    return _png(fig)

@@ -180,7 +180,8 @@ def parity_variants(ref: np.ndarray) -> dict[str, np.ndarray]:
 
 def _model_metadata(export_dir: Path, sidecar: dict) -> dict:
     """user_defined_metadata of the Core ML model the sidecar lists (.mlmodel first: one file), read back from it."""
-    entries = {a.get("format"): a for a in sidecar.get("artifacts", [])}
+    entries = {a.get("format"): a for a in sidecar.get("artifacts", [])  # the uncompressed file of each format
+               if a.get("compression", rundir.UNCOMPRESSED) == rundir.UNCOMPRESSED}
     for fmt in ("mlmodel", "mlpackage"):
         entry = entries.get(fmt)
         if entry and (export_dir / entry["file"]).exists():

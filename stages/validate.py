@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export import parity
+from export import compression, parity
 from export.encoder import OUTPUT_NAME, load_encoder
 from export.formats import COREML, FORMATS
 from core import rundir
@@ -34,8 +34,12 @@ from core import provenance
 from export.configs import ValidateConfig
 
 
+GATES = ("fp32_max_abs", "fp32_min_cosine", "fp16_max_rel_l2", "fp16_min_topk", "compressed_min_topk",
+         "compressed_max_knn_drop", "compressed_max_probe_drop", "compressed_min_cosine")
+
+
 def gates(cfg: ValidateConfig) -> dict[str, float]:
-    return {k: getattr(cfg, k) for k in ("fp32_max_abs", "fp32_min_cosine", "fp16_max_rel_l2", "fp16_min_topk")}
+    return {k: getattr(cfg, k) for k in GATES}
 
 
 def check(cfg: ValidateConfig) -> None:
@@ -47,12 +51,21 @@ def check(cfg: ValidateConfig) -> None:
         raise PipelineError("--fp32-max-abs and --fp16-max-rel-l2 must be >= 0")
     if not (0 <= cfg.fp32_min_cosine <= 1 and 0 <= cfg.fp16_min_topk <= 1):
         raise PipelineError("--fp32-min-cosine and --fp16-min-topk must be in [0, 1]")
+    for name in ("compressed_min_topk", "compressed_max_knn_drop", "compressed_max_probe_drop", "compressed_min_cosine"):
+        if not 0 <= getattr(cfg, name) <= 1:
+            raise PipelineError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(cfg, name)}")
 
 
 # ---------------------------------------------------------------- images, as an app hands them over
 
 def val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str]]:
     """The run's val split, center view at the model's side, uint8 RGB N x 3 x S x S (the first `cap`)."""
+    return labelled_val_images(run_dir, size, cap)[:2]
+
+
+def labelled_val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str], np.ndarray | None]:
+    """val_images with the images' labels (None for an unlabelled folder): the compressed artifacts' kNN and
+    probe gates."""
     from train.augment import center_views
     from train.data import load_data
     from train.runspec import read_run, recorded_split, store_size_for
@@ -63,7 +76,8 @@ def val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[s
     idx = split["val"][:cap]
     images = center_views(data.images[torch.as_tensor(idx, dtype=torch.long)], size) if idx else \
         torch.empty(0, 3, size, size, dtype=torch.uint8)
-    return images.to(torch.uint8), [data.sources[i] for i in idx]
+    labels = data.labels[torch.as_tensor(idx, dtype=torch.long)].numpy() if data.labels is not None and idx else None
+    return images.to(torch.uint8), [data.sources[i] for i in idx], labels
 
 
 def folder_images(folder: Path, size: int, cap: int, say=print) -> tuple[torch.Tensor, list[str]]:
@@ -96,6 +110,13 @@ def folder_images(folder: Path, size: int, cap: int, say=print) -> tuple[torch.T
 COMPUTE_UNITS = ("CPU_ONLY", "ALL")
 
 
+def gate_kind(entry: dict, actual: str | None, runtime: str) -> str:
+    """Compressed weights are gated on use (export/parity.py); everything else by its precision."""
+    if entry.get("compression") not in (None, compression.NONE):
+        return "compressed"
+    return gate_precision(entry["format"], entry.get("precision", "fp32"), actual, runtime)
+
+
 def gate_precision(fmt: str, declared: str, actual: str | None, runtime: str) -> str:
     """fp32 gates if the sidecar or the file says fp32 (the stricter claim wins: a file that computes in fp32
     gets no fp16 slack, and a sidecar that promised fp32 is held to it). The real runtime's GPU/Neural Engine
@@ -110,6 +131,7 @@ def gate_precision(fmt: str, declared: str, actual: str | None, runtime: str) ->
 def _row(entry: dict, runtime: str, precision: str, metrics: dict, failures: list[str], sources: list[str]) -> dict:
     worst = metrics.get("worst_image")
     return {"artifact": entry["file"], "format": entry["format"], "runtime": runtime, "precision": precision,
+            "compression": entry.get("compression", compression.NONE), "size_bytes": entry.get("size_bytes"),
             **{k: v for k, v in metrics.items() if k != "worst_image"},
             "worst_image_source": sources[worst] if worst is not None and worst < len(sources) else None,
             "passed": not failures, "failures": failures}
@@ -133,11 +155,12 @@ def listed_artifacts(run_dir: Path) -> list[dict]:
     return artifacts
 
 
-def check_images(cfg: ValidateConfig, run_dir: Path, size: int, say) -> tuple[torch.Tensor, list[str], int]:
-    """(images, their sources, how many of them are val images): the run's val split and/or --images."""
-    images, sources = torch.empty(0, 3, size, size, dtype=torch.uint8), []
+def check_images(cfg: ValidateConfig, run_dir: Path, size: int, say) -> tuple[torch.Tensor, list[str], int, np.ndarray | None]:
+    """(images, their sources, how many of them are val images (the first ones), the val images' labels): the run's
+    val split and/or --images."""
+    images, sources, labels = torch.empty(0, 3, size, size, dtype=torch.uint8), [], None
     if (run_dir / rundir.SPLIT).is_file() and (run_dir / rundir.CONFIG).is_file():
-        images, sources = val_images(run_dir, size, cfg.max_images)
+        images, sources, labels = labelled_val_images(run_dir, size, cfg.max_images)
     elif not cfg.images:
         raise PipelineError(f"{run_dir} has no {rundir.SPLIT} / {rundir.CONFIG} to take val images from: pass --images DIR")
     n_val = len(sources)
@@ -147,7 +170,7 @@ def check_images(cfg: ValidateConfig, run_dir: Path, size: int, say) -> tuple[to
     if len(sources) < 2:
         raise PipelineError(f"only {len(sources)} image(s) to validate with; retrieval agreement needs at least 2: "
                             f"add a folder with --images")
-    return images, sources, n_val
+    return images, sources, n_val, labels
 
 
 def outputs(fmt: str, path: Path, images: torch.Tensor, real_ok: bool) -> tuple[list[tuple], str | None]:
@@ -188,7 +211,7 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     size = int(state["image_size"])
     encoder_sha = file_sha256(encoder_path(run_dir))
     check_made_from(run_dir, state, artifacts, encoder_sha)
-    images, sources, n_val = check_images(cfg, run_dir, size, say)
+    images, sources, n_val, labels = check_images(cfg, run_dir, size, say)
     say(f"validating {len(artifacts)} artifacts on {len(sources)} images ({n_val} val"
         f"{f', {len(sources) - n_val} from {cfg.images}' if cfg.images else ''}) at {size}x{size}")
     with torch.no_grad():  # the fp32 PyTorch reference
@@ -204,8 +227,10 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
             say(f"warning: {path} changed since `pipeline export` wrote it (sha256 differs from {SIDECAR})")
         results, actual = outputs(fmt, path, images, real_ok)
         for runtime, out in results:
-            precision = gate_precision(fmt, entry.get("precision", "fp32"), actual, runtime)
+            precision = gate_kind(entry, actual, runtime)
             metrics = {"error": str(out)} if isinstance(out, PipelineError) else parity.compare(ref, out, cfg.top_k)
+            if "error" not in metrics:  # on the labelled val images (the first n_val): what the report plots
+                metrics.update(parity.use_metrics(ref[:n_val], np.asarray(out)[:n_val], labels, cfg.top_k))
             failures = parity.gate_failures(metrics, precision, **gates(cfg))
             rows.append(_row(entry, runtime, precision, metrics, failures, sources))
 
@@ -236,13 +261,14 @@ def _fmt(v, spec: str) -> str:
 def format_table(result: dict) -> str:
     """artifact | runtime | precision | worst cos | mean cos | worst rel L2 | max abs | top-k agree | PASS/FAIL"""
     k = max((r.get("top_k") or 0 for r in result["rows"]), default=0)
-    head = (f"{'artifact':18s} {'runtime':28s} {'prec':4s} {'worst cos':>10s} {'mean cos':>10s} {'worst relL2':>11s} "
-            f"{'max abs':>9s} {f'top-{k} agree':>12s}  result")
+    head = (f"{'artifact':28s} {'runtime':28s} {'prec':4s} {'worst cos':>10s} {'mean cos':>10s} {'worst relL2':>11s} "
+            f"{'max abs':>9s} {f'top-{k} agree':>12s} {'kNN drop':>8s} {'probe drop':>10s}  result")
     lines = [head]
     for r in result["rows"]:
-        lines.append(f"{r['artifact']:18s} {r['runtime']:28s} {r['precision']:4s} {_fmt(r.get('worst_cosine'), '10.7f')} "
+        lines.append(f"{r['artifact']:28s} {r['runtime']:28s} {r['precision'][:4]:4s} {_fmt(r.get('worst_cosine'), '10.7f')} "
                      f"{_fmt(r.get('mean_cosine'), '10.7f')} {_fmt(r.get('worst_rel_l2'), '11.2e')} "
-                     f"{_fmt(r.get('max_abs'), '9.2e')} {_fmt(r.get('topk_agreement'), '12.3f')}  "
+                     f"{_fmt(r.get('max_abs'), '9.2e')} {_fmt(r.get('topk_agreement'), '12.3f')} "
+                     f"{_fmt(r.get('knn_drop'), '8.3f')} {_fmt(r.get('probe_drop'), '10.3f')}  "
                      f"{'PASS' if r['passed'] else 'FAIL: ' + '; '.join(r['failures'])}")
     lines.append(f"({result['images']['count']} images at {result['image_size']}x{result['image_size']}; reference "
                  f"{result['reference']}; real Core ML runtime {result['coreml_runtime']})")

@@ -194,3 +194,52 @@ def test_any_output_layout_and_dtype_is_compared_as_float64_rows():
 def test_features_of_width_zero():
     m = parity.per_image(np.zeros((3, 0)), np.zeros((3, 0)))
     assert m["max_abs"].tolist() == [0.0, 0.0, 0.0] and m["cosine"].tolist() == [1.0, 1.0, 1.0]
+
+
+# ---------------------------------------------------------------- compressed artifacts: gated on use
+
+def _naive_knn_top1(feats, labels, k):
+    f = feats / np.linalg.norm(feats, axis=1, keepdims=True)
+    hits = 0
+    for i in range(len(f)):
+        others = [(-(f[i] @ f[j]), j) for j in range(len(f)) if j != i]
+        nearest = [j for _, j in sorted(others)[:k]]
+        votes = {c: sum(labels[j] == c for j in nearest) for c in sorted(set(labels))}
+        best = max(votes.values())
+        hits += min(c for c, v in votes.items() if v == best) == labels[i]
+    return hits / len(f)
+
+
+@pytest.mark.parametrize("k", [1, 3, 10])
+def test_knn_top1_matches_a_naive_loop(k):
+    rng = np.random.default_rng(k)
+    labels = rng.integers(0, 3, 40)
+    feats = rng.standard_normal((40, 6)) + labels[:, None]
+    assert parity.knn_top1(feats, labels, k) == pytest.approx(_naive_knn_top1(feats, labels, k))
+
+
+def test_use_metrics_see_a_classifier_lose_its_answers():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 20)
+    ref = np.eye(4)[labels] * 3 + 0.3 * rng.standard_normal((80, 4))
+    same = parity.use_metrics(ref, ref + 1e-6, labels, 10)
+    assert same["knn_drop"] == 0 and same["probe_drop"] == 0 and same["probe_top1_ref"] > 0.9
+    scrambled = ref[:, [1, 2, 3, 0]]  # every class answered as another
+    bad = parity.use_metrics(ref, scrambled, labels, 10)
+    assert bad["probe_drop"] > 0.5
+    assert parity.use_metrics(ref, ref, None, 10) == {}
+
+
+def test_compressed_gates_name_each_failed_metric():
+    gates = dict(fp32_max_abs=1e-4, fp32_min_cosine=0.99999, fp16_max_rel_l2=1e-2, fp16_min_topk=0.95,
+                 compressed_min_topk=0.8, compressed_max_knn_drop=0.03, compressed_max_probe_drop=0.03,
+                 compressed_min_cosine=0.9)
+    ok = {"topk_agreement": 0.85, "top_k": 10, "worst_cosine": 0.95, "knn_drop": 0.01, "probe_drop": -0.01,
+          "worst_rel_l2": 0.3, "max_abs": 0.1}
+    assert parity.gate_failures(ok, "compressed", **gates) == []
+    assert parity.gate_failures(ok, "fp16", **gates)  # the same numbers fail as an fp16 file
+    bad = {**ok, "topk_agreement": 0.5, "worst_cosine": 0.7, "knn_drop": 0.1, "probe_drop": 0.2}
+    assert parity.gate_failures(bad, "compressed", **gates) == [
+        "top10_agreement 0.500 < 0.8", "worst_cosine 0.7000 < 0.9", "knn_drop 0.100 > 0.03", "probe_drop 0.200 > 0.03"]
+    with pytest.raises(ValueError, match="compressed_"):
+        parity.gate_failures(ok, "compressed", fp32_max_abs=1, fp32_min_cosine=1, fp16_max_rel_l2=1, fp16_min_topk=1)

@@ -26,16 +26,17 @@ from tests.cli_helpers import assert_one_line_error as _one_line_error
 from tests.cli_helpers import cli as _cli
 from tests.tiny_run import pretrain_tiny
 
-NO_OPTIONS = {"deployment_target": None, "opset": None}
+NO_OPTIONS = {"deployment_target": None, "opset": None, "compress": None}
 
 
 def test_format_table_defaults_and_impossible_combinations():
     plan = select_formats("all", None, None, NO_OPTIONS)
     assert [(f.file, p, o) for f, p, o in plan] == [
-        ("encoder.mlpackage", "fp16", {"deployment_target": "iOS16"}), ("encoder.mlmodel", "fp16", {}),
+        ("encoder.mlpackage", "fp16", {"deployment_target": "iOS16", "compress": "fp16"}),
+        ("encoder.mlmodel", "fp16", {"compress": "fp16"}),
         ("encoder.onnx", "fp32", {"opset": 18})]
     plan = select_formats("coreml", "mlpackage", "fp32", {**NO_OPTIONS, "deployment_target": "iOS17"})
-    assert [(f.key, p, o) for f, p, o in plan] == [("mlpackage", "fp32", {"deployment_target": "iOS17"})]
+    assert [(f.key, p, o) for f, p, o in plan] == [("mlpackage", "fp32", {"deployment_target": "iOS17", "compress": "fp16"})]
     assert [f.key for f, _, _ in select_formats("coreml", None, None, NO_OPTIONS)] == ["mlpackage", "mlmodel"]
 
     refused = [

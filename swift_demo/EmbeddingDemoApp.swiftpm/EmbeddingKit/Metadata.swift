@@ -14,6 +14,8 @@ public struct EncoderSidecar: Decodable, Sendable {
         public let sha256: String
         public let encoderSha256: String?
         public let sizeBytes: Int?
+        /// The weight compression of `pipeline export --compress` (fp16: none); absent in older sidecars.
+        public let compression: String?
     }
 
     public let method: String
@@ -56,7 +58,8 @@ public struct ModelMetadata: Sendable {
         return [("method", values["method"] ?? "?"), ("backbone", values["backbone"] ?? "?"),
                 ("embedding", "\(values["embedding_dim"] ?? "?")-d\(bool("l2_normalized") == true ? ", L2-normalised" : "")"),
                 ("input", "\(values["image_size"] ?? "?") px, \(values["vision_crop_and_scale"] ?? "?")"),
-                ("precision", values["precision"] ?? "?"), ("linear top-1", pct(double("linear_top1"))),
+                ("precision", values["precision"] ?? "?"), ("weights", values["compression"] ?? "fp16"),
+                ("linear top-1", pct(double("linear_top1"))),
                 ("kNN top-1", pct(double("knn_top1"))), ("run", values["run_id"] ?? "?")]
     }
 }
@@ -84,9 +87,12 @@ public enum MetadataCheck {
         if let outputNames, !outputNames.contains(sidecar.outputName) {
             out.append("output: the model's outputs are \(outputNames), encoder.json names \(sidecar.outputName)")
         }
+        // Several compressions of one format sit side by side: the model's own compression picks its entry.
+        let compression = model["compression"] ?? "fp16"
         if let format = model["format"], let sha = model["encoder_sha256"],
-           let entry = sidecar.artifacts.first(where: { $0.format == format }), let made = entry.encoderSha256, made != sha {
-            out.append("artifact: encoder.json lists the \(format) as made from encoder \(made.prefix(12)), the model says \(sha.prefix(12))")
+           let entry = sidecar.artifacts.first(where: { $0.format == format && ($0.compression ?? "fp16") == compression }),
+           let made = entry.encoderSha256, made != sha {
+            out.append("artifact: encoder.json lists the \(format) (\(compression)) as made from encoder \(made.prefix(12)), the model says \(sha.prefix(12))")
         }
         return out
     }
