@@ -1,5 +1,5 @@
-# `make all` runs the whole chain on the embedded default into runs/default; each stage is a real file target, so
-# only stale stages re-run. `make test` installs everything itself and runs the test suite.
+# `make all` runs the whole chain on the embedded default (configs/default.yaml: photo patches, MobileNetV3-Small)
+# into runs/default; each stage is a real file target, so only stale stages re-run. `make test` installs everything itself and runs the test suite.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -22,8 +22,12 @@ REPORT_SRC   := stages/report.py stages/report_figures.py train/runspec.py train
 SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
 
 .PHONY: all install test test-portable clean-run swift-fixtures browser mutation
+# It ends with the tables, the report, where the model is and the one step that puts it in the iPad demo.
+IPAD_APP := swift_demo/EmbeddingDemoApp.swiftpm
 all: $(RUN)/report.html
 	@$(BIN)/pipeline show --run $(RUN)
+	@echo "model: $(RUN)/export/encoder.mlmodel (one file; beside it encoder.mlpackage, encoder.onnx, encoder.json)"
+	@echo "next: open $(IPAD_APP) in Xcode or Swift Playgrounds, run it and import $(RUN)/export/encoder.mlmodel (docs/ipad-demo.md)"
 
 install: $(STAMP)
 $(STAMP): pyproject.toml

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from train import photos  # the patch cutter the `photos` SPEC uses (run from the repository root, or installed)
+
 SIZE = 32
 DIGIT_SIZES = (12, 20, 28)
 PATCH_RANGE = (24, 64)  # patch side in source pixels before resizing to 32
@@ -83,29 +85,12 @@ def _texture_sources() -> dict[str, np.ndarray]:
 
 
 def _photo_sources() -> dict[str, np.ndarray]:
-    import matplotlib.cbook
     import skimage.data as sk
-    from sklearn.datasets import load_sample_image
 
     pics = {n: getattr(sk, n)() for n in ("astronaut", "chelsea", "coffee", "rocket", "retina", "immunohistochemistry")}
     pics["motorcycle"] = sk.stereo_motorcycle()[0]
-    pics["china"] = load_sample_image("china.jpg")
-    pics["flower"] = load_sample_image("flower.jpg")
-    with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as f:
-        pics["grace_hopper"] = np.asarray(Image.open(f).convert("RGB"))
+    pics.update(photos.photographs())  # china, flower, grace_hopper: the `photos` SPEC's three
     return {k: v[..., :3] for k, v in pics.items()}
-
-
-def _patches(pic: np.ndarray, n: int, x0: int, x1: int, rng: np.random.Generator):
-    """n square patches lying wholly in columns [x0, x1) of pic, each 24-64 px (capped by the region), as 32 px."""
-    h = pic.shape[0]
-    hi = min(PATCH_RANGE[1], h, x1 - x0)
-    for _ in range(n):
-        s = int(rng.integers(min(PATCH_RANGE[0], hi), hi + 1))
-        y = int(rng.integers(0, h - s + 1))
-        x = int(rng.integers(x0, x1 - s + 1))
-        crop = pic[y : y + s, x : x + s]
-        yield Image.fromarray(crop).resize((SIZE, SIZE), Image.Resampling.LANCZOS)
 
 
 def build_patches(root: Path, pics: dict[str, np.ndarray], per_class: int, eval_per_class: int,
@@ -113,8 +98,8 @@ def build_patches(root: Path, pics: dict[str, np.ndarray], per_class: int, eval_
     for name, pic in pics.items():
         cut = int(pic.shape[1] * TRAIN_SHARE)
         for split, n, (x0, x1) in (("train", per_class, (0, cut)), ("eval", eval_per_class, (cut, pic.shape[1]))):
-            for i, img in enumerate(_patches(pic, n, x0, x1, rng)):
-                _write(root, split, name, i, img)
+            for i, (img, _) in enumerate(photos.patches(pic, n, x0, x1, rng, SIZE, PATCH_RANGE)):
+                _write(root, split, name, i, Image.fromarray(img))
 
 
 def build_all(out: Path, per_class: int = 450, eval_per_class: int = 100, seed: int = 0,

@@ -18,7 +18,7 @@ let package = Package(
         .target(name: "EmbeddingKitApple", dependencies: ["EmbeddingKit"]),
         .executableTarget(name: "embedding-demo", dependencies: ["EmbeddingKit"]),
         // Fixtures are read through #filePath, not as bundle resources: `swift test` reads them in place.
-        .testTarget(name: "EmbeddingKitTests", dependencies: ["EmbeddingKit"], exclude: ["Fixtures", "FixturesPalettized", "ZipSamples"]),
+        .testTarget(name: "EmbeddingKitTests", dependencies: ["EmbeddingKit"], exclude: ["Fixtures", "Fixtures-resnet18", "FixturesPalettized", "ZipSamples"]),
         .testTarget(name: "EmbeddingKitAppleTests", dependencies: ["EmbeddingKitApple", "EmbeddingKit"]),
     ]
 )

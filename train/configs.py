@@ -36,12 +36,12 @@ MAJORITY_K = 20  # the plain vote most papers list beside the weighted one
 class PretrainConfig:
     method: str = opt("simclr", "SSL method", choices=methods.names())
     recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD; train/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100,000 train images, >= 30,000 steps, >= 65 px), else small. A flag or --config value always wins", choices=RECIPE_CHOICES)
-    data: str = opt("digits", "data SPEC: digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
+    data: str = opt("digits", "data SPEC: photos (patches of 3 bundled photographs) | digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
     backbone: str = opt("resnet18", "torchvision network, random init, its classifier removed (ViT-S/Ti: DeiT's sizes)", choices=tuple(BACKBONES))
     small_stem: str = opt("auto", "keep small images' pixels: ResNet 3x3 stride-1 stem without max-pool; MobileNetV3/EfficientNet first conv at stride 1; ConvNeXt 2x2 stride-2 stem; ViT patch 4 (the side a multiple of it); auto = on for images <= 64 px", choices=("auto", "on", "off"))
     image_size: int = opt(32, "training crop side in pixels; 32 = CIFAR's, where the small recipes were measured. On a "
                               "CPU it is slow: ~15 s of CPU time per step of 128 (2 free cores: the default 120 steps "
-                              "take 15-20 min, hours on a busy machine; `make all` trains digits at 8 px in minutes); "
+                              "take 15-20 min, hours on a busy machine; `make all` trains MobileNetV3-Small on photos at 64 px in minutes); "
                               "`pipeline bench --device cpu` times a step on yours", range=Range(1, MAX_IMAGE_SIZE))
     store_size: int = opt(0, "side at which images are decoded and kept; 0 = image size for array datasets, 8/7 x for folders", range=Range(0, 4096))
     epochs: int = opt(10, "passes over the train split", range=Range(1, 100_000))

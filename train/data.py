@@ -1,6 +1,7 @@
 """Datasets by SPEC, decoded once into one uint8 tensor.
 
-SPECs: `digits` (scikit-learn's bundled digits, the no-download default), `folder:PATH` (class subfolders, or a
+SPECs: `photos` (patches of three photographs bundled in scikit-learn and matplotlib, train/photos.py: the
+no-download default), `digits` (scikit-learn's bundled 8 x 8 digits), `folder:PATH` (class subfolders, or a
 flat folder for label-free pretraining), `cifar10:PATH` / `cifar100:PATH` (the python-pickle batches as
 distributed), `synthetic:N` (generated, labelled, for tests).
 
@@ -23,6 +24,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from core.errors import PipelineError
+from train import photos
 from train.data_spec import cifar_files, cifar_root, folder_files, no_usable_images, parse_spec, synthetic_count
 
 
@@ -53,6 +55,8 @@ def load_data(spec: str, store_size: int, seed: int = 0) -> ImageData:
     kind, arg = parse_spec(spec)
     if kind == "digits":
         data = _load_digits(store_size)
+    elif kind == "photos":
+        data = _load_photos(store_size)
     elif kind == "synthetic":
         data = make_synthetic(synthetic_count(arg), store_size, seed)
     elif kind in ("cifar10", "cifar100"):
@@ -72,6 +76,8 @@ def count_train_images(spec: str, val_fraction: float) -> int:
     kind, arg = parse_spec(spec)
     if kind in ("cifar10", "cifar100"):
         return 50_000  # both keep their own 10,000-image test batch as val
+    if kind == "photos":
+        return photos.train_count()  # its own val patches, as CIFAR's
     if kind == "synthetic":
         n = int(arg) if arg.isdigit() else 0
         counts = np.bincount(np.arange(n) % 4) if n else np.zeros(0, dtype=np.int64)
@@ -113,6 +119,18 @@ def _load_digits(store_size: int) -> ImageData:
         classes=[str(c) for c in range(10)],
         sources=[f"digits#{i}" for i in range(n)],
         spec="digits",
+    )
+
+
+def _load_photos(store_size: int) -> ImageData:
+    images, labels, is_val, classes, sources = photos.build(store_size)
+    return ImageData(
+        images=torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(),
+        labels=torch.from_numpy(labels),
+        classes=classes,
+        sources=sources,
+        spec="photos",
+        fixed_val=is_val,
     )
 
 

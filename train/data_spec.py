@@ -11,7 +11,8 @@ from pathlib import Path
 
 from core.errors import PipelineError
 
-SPEC_KINDS = ("digits", "folder", "cifar10", "cifar100", "synthetic")
+SPEC_KINDS = ("digits", "photos", "folder", "cifar10", "cifar100", "synthetic")
+NO_ARGUMENT = ("digits", "photos")  # the sets that ship inside the dependencies
 SHOWN = 3  # skipped files a one-line message names; the rest are counted (the run folder's skipped.txt lists all)
 PUT_IMAGES = "any format Pillow reads: JPEG, PNG, ..."
 
@@ -19,10 +20,11 @@ PUT_IMAGES = "any format Pillow reads: JPEG, PNG, ..."
 def parse_spec(spec: str) -> tuple[str, str]:
     kind, _, arg = spec.partition(":")
     if kind not in SPEC_KINDS:
-        raise PipelineError(f"unknown data SPEC {spec!r}: use digits, folder:PATH, cifar10:PATH, cifar100:PATH or synthetic:N")
-    if kind == "digits" and arg:
-        raise PipelineError(f"data SPEC `digits` takes no argument, got {spec!r}")
-    if kind != "digits" and not arg:
+        raise PipelineError(f"unknown data SPEC {spec!r}: use photos, digits, folder:PATH, cifar10:PATH, cifar100:PATH or "
+                            "synthetic:N")
+    if kind in NO_ARGUMENT and arg:
+        raise PipelineError(f"data SPEC `{kind}` takes no argument, got {spec!r}")
+    if kind not in NO_ARGUMENT and not arg:
         raise PipelineError(f"data SPEC {spec!r} needs an argument, e.g. {kind}:{'N' if kind == 'synthetic' else 'PATH'}")
     return kind, arg
 

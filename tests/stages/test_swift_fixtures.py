@@ -15,14 +15,37 @@ from stages import swift_fixtures as sf
 from train.backbones import build_backbone
 
 
-def test_committed_fixtures_are_current():
-    assert sf.stale_reasons(sf.FIXTURES_DIR) == [], "run `make swift-fixtures` (then `swift test` in swift_demo/)"
+RESNET_FIXTURES = sf.FIXTURES_DIR.parent / "Fixtures-resnet18"  # a ResNet-18 on digits, kept beside the default's
+COMMITTED = [sf.FIXTURES_DIR, RESNET_FIXTURES]
 
 
-def test_committed_fixtures_are_small_and_cover_every_case():
-    total = sum(p.stat().st_size for p in sf.FIXTURES_DIR.iterdir() if p.is_file())
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: p.name)
+def test_committed_fixtures_are_current(folder):
+    assert sf.stale_reasons(folder) == [], "run `make swift-fixtures` (then `swift test` in swift_demo/)"
+
+
+def test_the_default_fixtures_are_of_make_alls_model():
+    """The app's self-test judges the model `make all` makes: Fixtures/ (the app's Golden/) is of a run of
+    configs/default.yaml trained to its end, and the ResNet set beside it is another backbone."""
+    import yaml
+
+    from train import photos
+
+    default = yaml.safe_load((sf.FIXTURES_DIR.parents[3] / "configs" / "default.yaml").read_text())
+    sidecar = json.loads((sf.FIXTURES_DIR / "encoder.json").read_text())
+    for key in ("method", "backbone", "image_size", "data", "epochs"):
+        assert sidecar[key] == default[key], key
+    assert sidecar["small_stem"] is (default["small_stem"] == "on")
+    steps = (int(sidecar["step"]), default["epochs"] * (photos.train_count() // default["batch_size"]))
+    assert steps[0] == steps[1], f"trained {steps[0]} of {steps[1]} steps"
+    assert json.loads((RESNET_FIXTURES / "encoder.json").read_text())["backbone"] == "resnet18"
+
+
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: p.name)
+def test_committed_fixtures_are_small_and_cover_every_case(folder):
+    total = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     assert total < 1_000_000
-    m = json.loads((sf.FIXTURES_DIR / "manifest.json").read_text())
+    m = json.loads((folder / "manifest.json").read_text())
     assert {q["orientation"] for q in m["queries"]} == set(range(1, 9))
     assert {q["layout"] for q in m["queries"]} == set(sf.LAYOUT_ORDER)
     assert any(q["alpha"] for q in m["queries"])

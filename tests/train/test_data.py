@@ -23,6 +23,41 @@ def test_digits_is_embedded():
     assert d.labels is not None and set(d.labels.tolist()) == set(range(10))
 
 
+def test_photos_are_embedded_with_a_held_out_split_that_shares_no_pixel():
+    """`make all`'s default: 12 classes of photo patches, the same set whatever the run's seed, its own val split
+    (the patches of each cell's right quarter), and every val patch cut from columns no train patch touches."""
+    from train import photos
+
+    a, b = load_data("photos", 24, seed=0), load_data("photos", 24, seed=5)
+    assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+    assert a.images.shape == (3000, 3, 24, 24) and len(a.classes) == 12 and a.classes[0] == "china-top-left"
+    assert np.bincount(a.labels.numpy()).tolist() == [250] * 12 and a.fixed_val.sum() == 12 * photos.VAL_PER_CLASS
+    split = make_split(a, 0.2, seed=0)
+    assert sorted(split["val"]) == np.flatnonzero(a.fixed_val).tolist()
+    assert len(split["train"]) == photos.train_count()
+    boxes = {}  # (class, val) -> [(x0, x1)] in the picture's columns
+    for src, label, val in zip(a.sources, a.labels.tolist(), a.fixed_val.tolist()):
+        x, _, side = map(int, src.split("@")[1].split(","))
+        boxes.setdefault((label, val), []).append((x, x + side))
+    for c in range(12):
+        assert max(e for _, e in boxes[(c, False)]) <= min(x for x, _ in boxes[(c, True)]), a.classes[c]
+
+
+def test_photos_patches_are_the_photographs_pixels():
+    """A patch is a crop of its picture where its source says: at its own side, the picture's pixels exactly."""
+    from train import photos
+
+    images, labels, _, classes, sources = photos.build(64)
+    pics = photos.photographs()
+    same_side = [i for i, s in enumerate(sources) if s.endswith(",64")]
+    assert len(same_side) > 10
+    for i in same_side[::50]:
+        name, box = sources[i].split("@")
+        x, y, side = map(int, box.split(","))
+        assert np.array_equal(images[i], pics[name.removesuffix(".jpg")][y:y + side, x:x + side])
+        assert classes[labels[i]].startswith(name.removesuffix(".jpg"))
+
+
 def test_synthetic_is_deterministic_and_labelled():
     a, b = load_data("synthetic:20", 12, seed=3), load_data("synthetic:20", 12, seed=3)
     assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
@@ -94,6 +129,7 @@ def test_cifar_pixel_layout(tmp_path):
     ("synthetic:0", "N > 0"),
     ("folder", "needs an argument"),
     ("digits:3", "takes no argument"),
+    ("photos:x", "takes no argument"),
 ])
 def test_bad_specs(spec, msg):
     with pytest.raises(PipelineError, match=msg):

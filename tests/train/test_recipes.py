@@ -95,7 +95,7 @@ def test_train_count_matches_the_split(tmp_path):
         (tmp_path / c).mkdir()
         for i in range(n):
             Image.fromarray(rng.integers(0, 255, (10, 10, 3), dtype=np.uint8)).save(tmp_path / c / f"{i}.png")
-    for spec in ("digits", "synthetic:50", f"folder:{tmp_path}"):
+    for spec in ("digits", "photos", "synthetic:50", f"folder:{tmp_path}"):
         for fraction in (0.1, 0.25):
             split = make_split(load_data(spec, 8), fraction, seed=0)
             assert count_train_images(spec, fraction) == len(split["train"]), (spec, fraction)
