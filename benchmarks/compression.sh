@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Size against retrieval agreement for every --compress choice, for ResNet-18 and mobilenet_v3_small:
 #   bash benchmarks/compression.sh OUT [NAME]   (CPU; about an hour on 2 shared cores; NAME: one run only)
-# - digits-resnet18: make all's run (configs/default.yaml: SimCLR ResNet-18 on the embedded digits, 8 px);
+# - digits-resnet18: configs/digits-cpu.yaml (SimCLR ResNet-18 on the embedded digits, 8 px: make all's run before its photos default);
 # - digits-mobilenet_v3_small: the same config with --backbone mobilenet_v3_small --image-size 16 (the smallest
 #   side its small stem takes) --epochs 5 (a quarter of make all's steps, to fit the CPU time);
 # each measured on its own val split (`pipeline validate`, its gates) and on the eval split of the offline
@@ -18,7 +18,7 @@ mkdir -p "$OUT" "$RES"
 run() {  # name, pretrain flags...
   local name=$1; shift
   local r="$OUT/$name"
-  [ -f "$r/checkpoints/last.pt" ] || $P pretrain --config configs/default.yaml --out "$r" --overwrite "$@"
+  [ -f "$r/checkpoints/last.pt" ] || $P pretrain --config configs/digits-cpu.yaml --out "$r" --overwrite "$@"
   $P export --run "$r" --to all
   for c in int8 palettize-6 palettize-4; do $P export --run "$r" --to coreml --compress "$c"; done
   $P export --run "$r" --to coreml --coreml-format mlpackage --compress prune-50
