@@ -43,7 +43,7 @@ COMPRESSIONS: dict[str, Compression] = {
     "palettize-6": Compression("palettize-6", "6-bit k-means palettization (64-entry LUT per tensor)", 6, "palettize",
                                {"mode": "kmeans", "nbits": 6, "granularity": "per_tensor"}, ("kmeans_lut", 6)),
     "palettize-4": Compression("palettize-4", "4-bit k-means palettization (16-entry LUT per tensor; per group of "
-                                              "16 output channels at iOS18+)", 4, "palettize",
+                                              f"16 output channels from --deployment-target {GROUPED_FROM} on)", 4, "palettize",
                                {"mode": "kmeans", "nbits": 4, "granularity": "per_tensor"}, ("kmeans_lut", 4)),
     "prune-50": Compression("prune-50", "50% magnitude pruning, sparse fp16 storage", None, "prune",
                             {"target_sparsity": 0.5}, None,

@@ -64,7 +64,7 @@ def test_shipped_configs_load():
     for f in files:
         cfg = config_for_run(f, {}, Path("never-written"), resume=False)  # resolve + validate
         assert cfg.lr > 0 and cfg.weight_decay >= 0 and cfg.batch_size >= 2, f
-        if f.stem != "default":
+        if f.stem not in ("default", "digits-cpu"):  # make all's default, and the digits run it was before
             assert cfg.method == f.stem.split("-")[0], f
 
 

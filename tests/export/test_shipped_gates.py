@@ -30,7 +30,8 @@ def _unit_rows(rng, n, d):
 
 def test_the_shipped_gates_are_the_documented_ones():
     assert shipped_gates() == {"fp32_max_abs": 1e-4, "fp32_min_cosine": 0.99999, "fp16_max_rel_l2": 1e-2,
-                               "fp16_min_topk": 0.95}
+                               "fp16_min_topk": 0.95, "compressed_min_topk": 0.8, "compressed_max_knn_drop": 0.03,
+                               "compressed_max_probe_drop": 0.03, "compressed_min_cosine": 0.9}
     assert load_config(validate.ValidateConfig).top_k == 10
 
 
@@ -147,7 +148,7 @@ def test_gates_on_their_bounds_are_accepted(over):
 
 
 def test_an_unknown_precision_is_a_programming_error_naming_it():
-    with pytest.raises(ValueError, match=r"precision must be one of \('fp32', 'fp16'\), got 'int8'"):
+    with pytest.raises(ValueError, match=r"precision must be one of \('fp32', 'fp16', 'compressed'\), got 'int8'"):
         parity.gate_failures({"max_abs": 0.0}, "int8", **shipped_gates())
 
 

@@ -335,6 +335,7 @@ def test_validate_checks_with_the_val_images_of_the_split(tmp_path):
         idx = split["val"][:cap]
         assert sources == split["val_sources"][:cap] and set(sources).isdisjoint(split["train_sources"])
         assert torch.equal(images, center_views(data.images[torch.as_tensor(idx)], 8))
-    images, sources, n_val = validate.check_images(load_config(validate.ValidateConfig), run, 8, lambda *_: None)
+    images, sources, n_val, labels = validate.check_images(load_config(validate.ValidateConfig), run, 8, lambda *_: None)
     assert n_val == len(sources) == len(split["val"]) and sources == split["val_sources"]
+    assert list(labels) == data.labels[torch.as_tensor(split["val"])].tolist()  # the compressed gates' labels: val's
     assert json.loads((run / rundir.SPLIT).read_text()) == split
