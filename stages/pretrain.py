@@ -34,7 +34,7 @@ from train import distributed, preprocess, recipes
 from core import provenance
 from train.configs import PretrainConfig
 from train.data import ImageData, load_data, make_split
-from train.data_spec import files, named
+from train.data_spec import n_files, named
 from train.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, small_stem, store_size_for, validate
 from train.training import (StopRequest, Training, augment_mode, build_training, default_workers, fp32_backbone, keep_on_device, rng_state, set_rng_state, train_step, view_batches)
 from core.views import MEAN, STD
@@ -196,7 +196,7 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
     # Said only now, after every check of the input above: a bad input's error stays the one line printed.
     say(f"recipe {recipe} ({recipe_why}): {recipes.source(recipe, cfg.method, cfg.backbone)}")
     if data.skipped:
-        say(f"warning: skipped {files(len(data.skipped))} of {cfg.data} that are not readable images: "
+        say(f"warning: skipped {n_files(len(data.skipped))} of {cfg.data} that are not readable images: "
             f"{named(data.skipped, Path(cfg.data.partition(':')[2]))} (all listed in {run_dir / rundir.SKIPPED})")
     if resume:
         say(f"resuming {run_dir} at step {step} (epoch {step // steps_per_epoch})")

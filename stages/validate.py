@@ -84,8 +84,7 @@ def folder_images(folder: Path, size: int, cap: int, say=print) -> tuple[torch.T
     """Every readable image under `folder` (sorted, recursive), decoded to size x size RGB like a photo: EXIF
     orientation applied, shorter side resized, center-cropped. Unreadable files are skipped and counted."""
     from train.data import decode_image
-    from train.data_spec import files as n_files
-    from train.data_spec import named
+    from train.data_spec import n_files, named
 
     if not folder.is_dir():
         raise PipelineError(f"--images {folder}: not a directory")

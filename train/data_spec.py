@@ -108,11 +108,11 @@ def named(skipped: list[tuple[str, str]], root: Path | None = None) -> str:
 
 
 def no_usable_images(spec: str, root: Path, skipped: list[tuple[str, str]]) -> PipelineError:
-    return PipelineError(f"dataset {spec!r} has no usable images in {root}: {files(len(skipped))} skipped, "
+    return PipelineError(f"dataset {spec!r} has no usable images in {root}: {n_files(len(skipped))} skipped, "
                          f"{named(skipped, root)}; put images in it ({PUT_IMAGES}), flat or one subfolder per class")
 
 
-def files(n: int) -> str:
+def n_files(n: int) -> str:
     return f"{n} file{'' if n == 1 else 's'}"
 
 
@@ -126,12 +126,19 @@ def check_folder(spec: str, root: Path) -> None:
             if classes else "it is empty"
         raise PipelineError(f"dataset {spec!r} has no usable images in {root}: {what}; put images in it "
                             f"({PUT_IMAGES}), flat or one subfolder per class")
-    for f in files:
+    if not any_image(files, skipped):
+        raise no_usable_images(spec, root, skipped)
+
+
+def any_image(paths, skipped: list[tuple[str, str]]) -> bool:
+    """Whether one of `paths` opens as an image, reading headers up to the first that does; the files before it go
+    into `skipped` with why."""
+    for f in paths:
         why = image_header_error(f)
         if why is None:
-            return
+            return True
         skipped.append((str(f), why))
-    raise no_usable_images(spec, root, skipped)
+    return False
 
 
 def check_spec(spec: str) -> None:
@@ -150,10 +157,8 @@ def check_image_folder(flag: str, folder: Path) -> None:
     if not folder.is_dir():
         raise PipelineError(f"{flag} {folder}: not a directory")
     skipped = []
-    for f in (p for p in _visible_files(folder, True) if not any(part.startswith(".") for part in p.parts)):
-        why = image_header_error(f)
-        if why is None:
-            return
-        skipped.append((str(f), why))
-    detail = f"{files(len(skipped))} skipped, {named(skipped, folder)}" if skipped else "it holds no files"
+    if any_image((p for p in _visible_files(folder, True) if not any(part.startswith(".") for part in p.parts)),
+                 skipped):
+        return
+    detail = f"{n_files(len(skipped))} skipped, {named(skipped, folder)}" if skipped else "it holds no files"
     raise PipelineError(f"{flag} {folder}: no readable images ({detail})")
