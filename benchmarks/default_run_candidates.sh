@@ -19,6 +19,7 @@ PY=${PYTHON:-python3}
 JOBS=${JOBS:-1}
 CANDIDATES=${CANDIDATES:-default:}
 CONFIG=${CONFIG:-configs/default.yaml}
+DEVICE=${DEVICE:-cpu}  # cuda: a quick sweep of candidates on a GPU host (its numbers differ a little from the CPU run's)
 export OMP_NUM_THREADS=2 TQDM_DISABLE=1 PYTHONUNBUFFERED=1
 
 one() {
@@ -26,7 +27,7 @@ one() {
   rm -rf "$run"
   t0=$(date +%s)
   # shellcheck disable=SC2086
-  { $PY -m pipeline pretrain --config "$CONFIG" --device cpu --out "$run" $flags > "$OUT/$label.log" 2>&1 \
+  { $PY -m pipeline pretrain --config "$CONFIG" --device "$DEVICE" --out "$run" $flags > "$OUT/$label.log" 2>&1 \
     && t1=$(date +%s) \
     && $PY -m pipeline linear-eval --run "$run" --labels-per-class 5 >> "$OUT/$label.log" 2>&1 \
     && { echo "== $label ($flags): pretrain $((t1 - t0)) s, pretrain + linear-eval $(( $(date +%s) - t0 )) s"
