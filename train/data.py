@@ -25,7 +25,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from core.errors import PipelineError
 from train import photos
-from train.data_spec import cifar_files, cifar_root, folder_files, no_usable_images, parse_spec, synthetic_count
+from train.data_spec import (cifar_files, cifar_root, folder_files, no_usable_images, parse_spec, split_counts,
+                             synthetic_count)
 
 
 @dataclass
@@ -94,7 +95,7 @@ def count_train_images(spec: str, val_fraction: float) -> int:
                   else np.array([len(files)], dtype=np.int64))
     if not 0.0 <= val_fraction < 1.0:
         return int(counts.sum())  # make_split reports the bad fraction
-    return int(sum(c - int(round(c * val_fraction)) for c in counts))  # make_split's per-class rounding
+    return sum(split_counts(counts.tolist(), val_fraction)[0])
 
 
 def _resize_square(arr: np.ndarray, size: int) -> torch.Tensor:
@@ -268,9 +269,8 @@ def make_split(data: ImageData, val_fraction: float, seed: int) -> dict:
         rng = np.random.default_rng(seed)
         groups = [np.arange(n)] if data.labels is None else [np.flatnonzero(data.labels.numpy() == c) for c in np.unique(data.labels.numpy())]
         val_parts, train_parts = [], []
-        for g in groups:
+        for g, k in zip(groups, split_counts([len(g) for g in groups], val_fraction)[1]):
             g = rng.permutation(g)
-            k = int(round(len(g) * val_fraction))
             val_parts.append(g[:k])
             train_parts.append(g[k:])
         val = np.sort(np.concatenate(val_parts))

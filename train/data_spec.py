@@ -2,7 +2,8 @@
 
 Torch-free on purpose: a missing, empty or image-less folder is the most common bad input, and torch alone takes
 seconds to import, so the CLI calls `check_spec` before any stage (and torch) loads and the error comes at once,
-before a run folder exists. train/data.py reads the same files through `folder_files` and decodes them.
+before a run folder exists. train/data.py reads the same files through `folder_files` and decodes them, and holds
+out each class's share by `split_counts`: the job service counts an upload with both.
 """
 
 from __future__ import annotations
@@ -80,6 +81,14 @@ def folder_files(root: Path) -> tuple[list[str], list[Path], list[int] | None, l
         labels += [ci] * len(inside)
     skipped = [(str(f), "not inside a class folder") for f in _visible_files(root, False)]
     return [d.name for d in class_dirs], files, labels, skipped
+
+
+def split_counts(per_class: list[int], val_fraction: float) -> tuple[list[int], list[int]]:
+    """(train, val) images per class as make_split holds them out: each class its own round(n x val_fraction), so
+    every class is in both halves. The job service counts an upload's split with this too, before it decodes a
+    pixel (pipeline/serve/checks.py), so the two can never disagree."""
+    val = [int(round(n * val_fraction)) for n in per_class]
+    return [n - v for n, v in zip(per_class, val)], val
 
 
 def image_header_error(path: Path) -> str | None:

@@ -4,8 +4,8 @@ Each option's own bounds and choices are checked by core/config.py from the decl
 for `pipeline pretrain`. Here is what spans options, the machine and the data, each rule the one a stage would fail
 on later: the device `pipeline doctor` finds usable, the image size its backbone and stem allow, and images enough that
 pretraining fills a batch, linear-eval has two classes to tell apart and validate two held-out images to compare.
-Images are counted as train/data.py would load them: decodable files only, class sub-folders or one flat group,
-held out per class with make_split's rounding.
+Images are counted as train/data.py would load them, by its own rules (train/data_spec.py, torch-free): the files
+folder_files finds, decodable ones only, held out per class by split_counts.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from pathlib import Path
 
 from core.errors import PipelineError
 from train.backbones import check_image_size, uses_small_stem
+from train.data_spec import folder_files, split_counts
 
 # scikit-learn's bundled digits per class (1797 scans), and CIFAR's own split: fixed facts of published sets, checked
-# against the libraries by tests/pipeline/test_serve_checks.py
+# against the libraries by tests/pipeline/test_serve_door.py
 DIGITS_PER_CLASS = (178, 182, 177, 183, 181, 182, 181, 179, 174, 180)
 CIFAR = {"cifar10": (10, 5000, 1000), "cifar100": (100, 500, 100)}  # classes, train and test images per class
 SYNTHETIC_CLASSES = 4  # train/data.make_synthetic labels image i with i % 4
@@ -41,10 +42,7 @@ class Images:
 
     def split(self, val_fraction: float) -> tuple[list[int], list[int]]:
         """(train, val) images per class, as train/data.make_split holds them out."""
-        if self.fixed is not None:
-            return self.fixed
-        val = [int(round(n * val_fraction)) for n in self.per_class]
-        return [n - v for n, v in zip(self.per_class, val)], val
+        return self.fixed if self.fixed is not None else split_counts(self.per_class, val_fraction)
 
 
 def decodes(path: Path) -> bool:
@@ -63,17 +61,16 @@ def decodes(path: Path) -> bool:
 
 
 def folder_images(root: Path) -> Images:
-    """A folder as train/data.py's folder loader sees it: class sub-folders (files beside them are not used), else
-    the files of the folder itself; dot files never."""
+    """A folder as train/data.py's folder loader sees it: the files folder_files gives it, each class's decodable."""
     root = Path(root)
-    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    groups = ([sorted(p for p in d.rglob("*") if p.is_file() and not p.name.startswith(".")) for d in class_dirs]
-              if class_dirs else [sorted(p for p in root.iterdir() if p.is_file() and not p.name.startswith("."))])
-    files = [f for g in groups for f in g]
+    classes, files, labels, _ = folder_files(root)
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 1) * 2)) as pool:  # PIL releases the GIL
-        ok = dict(zip(files, pool.map(decodes, files)))
-    bad = next((f for f in files if not ok[f]), None)
-    return Images(per_class=[sum(ok[f] for f in g) for g in groups], labelled=bool(class_dirs), files=len(files),
+        ok = list(pool.map(decodes, files))
+    per_class = [0] * max(len(classes), 1)  # a flat folder is one group
+    for good, label in zip(ok, labels or [0] * len(files)):
+        per_class[label] += good
+    bad = next((f for f, good in zip(files, ok) if not good), None)
+    return Images(per_class=per_class, labelled=labels is not None, files=len(files),
                   undecodable=str(bad.relative_to(root)) if bad else None)
 
 
