@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import torch  # noqa: E402
 
 from export.encoder import Encoder, load_encoder  # noqa: E402
-from train import augment  # noqa: E402
-from train.backbones import build_backbone, uses_small_stem  # noqa: E402
+from train import augment, runspec  # noqa: E402
+from train.backbones import build_from_args  # noqa: E402
+from train.configs import PretrainConfig  # noqa: E402
 from train.data import load_data  # noqa: E402
 from train.knn import TEMPERATURE, WEIGHTED_K, weighted_knn_top1  # noqa: E402
 
@@ -58,9 +59,10 @@ def main() -> None:
         size, encoders = state["image_size"], [({}, str(args.encoder), encoder)]
     else:
         size, encoders = args.image_size, []
+        run = PretrainConfig(backbone=args.backbone, image_size=size)  # the stem pretraining's defaults give it
         for seed in args.seed:
             torch.manual_seed(seed)
-            backbone, _ = build_backbone(args.backbone, uses_small_stem("auto", size), size)
+            backbone, _ = build_from_args(run.backbone, runspec.backbone_args(run))
             encoders.append(({"seed": str(seed)}, f"random-init seed {seed}",
                              Encoder(backbone, augment.MEAN, augment.STD, l2_normalize=True).eval()))
     # Decoded at the training size: a 32 px set is used as it is (pretraining stores folders at 8/7 x and crops;
