@@ -111,18 +111,38 @@ sys.path.insert(0, str(here))
 import train.methods  # noqa: E402
 
 train.methods.__path__.append(str(here / "methods"))  # the method registry is its folders
-import tiny_backbone  # noqa: E402,F401  its row
-import ptx_format  # noqa: E402,F401  its row
+steps, rows = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+for row in rows:  # a backbone's or a format's module adds its row to its table when imported
+    __import__(row)
 
 from pipeline.cli import main  # noqa: E402
 
-for i, args in enumerate(json.loads(sys.argv[1])):
+for i, args in enumerate(steps):
     try:
         rc = main.main(args, prog_name="pipeline", standalone_mode=False) or 0
     except SystemExit as e:
         rc = e.code or 0
     print(f"== step {i} rc={rc}", flush=True)
+'''
 
+
+def run_extended(tmp_path: Path, files: dict[str, str], steps: list[list[str]], after: str) -> str:
+    """What one child printed: it registers the extension `files` (a method in methods/, each other file a module
+    with a table row), runs the CLI `steps` in turn, then `after`, code that prints what the test reads."""
+    ext = tmp_path / "ext"
+    for name, text in files.items():
+        (ext / name).parent.mkdir(parents=True, exist_ok=True)
+        (ext / name).write_text(text)
+    (ext / "run.py").write_text(RUNNER + after)
+    rows = [Path(name).stem for name in files if "/" not in name]
+    done = subprocess.run([sys.executable, str(ext / "run.py"), json.dumps(steps), json.dumps(rows)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert done.returncode == 0, done.stdout
+    return done.stdout
+
+
+KNOWN = '''
 from export.formats import to_choices  # noqa: E402
 from pipeline.serve.app import artifacts  # noqa: E402
 from train.backbones import BACKBONES  # noqa: E402
@@ -135,12 +155,6 @@ print("== known " + json.dumps({"methods": list(METHODS), "backbones": list(BACK
 
 @pytest.mark.slow
 def test_a_new_method_backbone_and_format_need_no_other_edit(tmp_path):
-    ext = tmp_path / "ext"
-    (ext / "methods").mkdir(parents=True)
-    (ext / "methods" / "flat.py").write_text(METHOD)
-    (ext / "tiny_backbone.py").write_text(BACKBONE)
-    (ext / "ptx_format.py").write_text(FORMAT)
-    (ext / "run.py").write_text(RUNNER)
     run = str(tmp_path / "run")
     tiny = ["--method", "flat", "--backbone", "tiny", "--data", "synthetic:48", "--batch-size", "8", "--epochs", "1",
             "--max-steps", "2", "--device", "cpu", "--num-workers", "0"]
@@ -154,11 +168,8 @@ def test_a_new_method_backbone_and_format_need_no_other_edit(tmp_path):
         ["validate", "--run", run],
         ["report", "--run", run],
     ]
-    done = subprocess.run([sys.executable, str(ext / "run.py"), json.dumps(steps)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    out = done.stdout
-    assert done.returncode == 0, out
+    out = run_extended(tmp_path, {"methods/flat.py": METHOD, "tiny_backbone.py": BACKBONE, "ptx_format.py": FORMAT},
+                       steps, KNOWN)
     parts = out.split("== step ")
     rc = {int(p.split()[0]): int(p.split()[1].split("=")[1]) for p in parts[1:]}
     said = {int(p.split()[0]): parts[i] for i, p in enumerate(parts[1:])}  # what each step printed before its rc
@@ -228,23 +239,7 @@ SPEC = MethodSpec(name="crops", title="Crops-Test", build=Crops, paper=Recipe(di
                   summary=lambda c: ["two global and two local crops"], fixed_on_resume=("proj_dim", "proj_hidden_dim"))
 '''
 
-CROPS_RUNNER = '''import json
-import sys
-from pathlib import Path
-
-import train.methods
-
-train.methods.__path__.append(str(Path(__file__).parent / "methods"))  # the method registry is its folders
-
-from pipeline.cli import main  # noqa: E402
-
-for i, args in enumerate(json.loads(sys.argv[1])):
-    try:
-        rc = main.main(args, prog_name="pipeline", standalone_mode=False) or 0
-    except SystemExit as e:
-        rc = e.code or 0
-    print(f"== step {i} rc={rc}", flush=True)
-
+CROPS_VIEWS = '''
 from train import recipes  # noqa: E402
 from train.methods import crops  # noqa: E402  the module pretraining ran
 
@@ -258,10 +253,6 @@ def test_a_multi_crop_method_needs_no_other_edit(tmp_path):
     """Global and local views of two sizes reach the method's forward in its order, on the CPU path and on the
     device path (which runs on the CPU when asked), and a stopped device-path run resumes to the losses of an
     uninterrupted one: the views of a step are a pure function of (seed, epoch, batch) at every size."""
-    ext = tmp_path / "ext"
-    (ext / "methods").mkdir(parents=True)
-    (ext / "methods" / "crops.py").write_text(CROPS)
-    (ext / "run.py").write_text(CROPS_RUNNER)
     tiny = ["--method", "crops", "--data", "synthetic:48", "--batch-size", "8", "--epochs", "1", "--image-size", "16",
             "--device", "cpu", "--num-workers", "0", "--log-every", "1"]
     runs = {name: str(tmp_path / name) for name in ("cpu", "device", "resumed")}
@@ -274,11 +265,7 @@ def test_a_multi_crop_method_needs_no_other_edit(tmp_path):
         ["pretrain", *tiny, "--backbone", "vit_t_16", "--out", str(tmp_path / "vit")],
         ["pretrain", *tiny, "--image-size", "32", "--small-stem", "off", "--out", str(tmp_path / "imagenet-stem")],
     ]
-    done = subprocess.run([sys.executable, str(ext / "run.py"), json.dumps(steps)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    out = done.stdout
-    assert done.returncode == 0, out
+    out = run_extended(tmp_path, {"methods/crops.py": CROPS}, steps, CROPS_VIEWS)
     assert [line for line in out.splitlines() if line.startswith("== step")] == [
         *(f"== step {i} rc=0" for i in range(4)), "== step 4 rc=2", "== step 5 rc=2"], out
     assert "error: crops makes 8 px views beside its 16 px ones, and vit_t_16 is built for one image side" in out
