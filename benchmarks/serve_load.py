@@ -30,6 +30,11 @@ from pathlib import Path
 import httpx
 
 PROJECT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT))  # run from anywhere: the repository's packages
+
+from core import rundir  # noqa: E402
+from pipeline.serve.runner import RUN  # noqa: E402
+
 OPTIONS = dict(epochs=1, image_size=16, batch_size=8, proj_hidden_dim=32, proj_dim=16, num_workers=0,
                warmup_epochs=0.5, log_every=1, device="cpu", formats="onnx")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -50,6 +55,11 @@ def digits_zip(per_class: int = 12, classes: int = 4) -> bytes:
                 img.save(out, "PNG")
                 zf.writestr(f"digits/{c}/{i}.png", out.getvalue())
     return buf.getvalue()
+
+
+def server_file(run: Path, name: str) -> Path:
+    """The file a downloaded artifact was sent from: the report at the top of the run, every other in its export/."""
+    return run / (rundir.REPORT if name == rundir.REPORT else f"{rundir.EXPORT}/{name}")
 
 
 def start_server(root: Path, jobs: int) -> tuple[subprocess.Popen, str]:
@@ -116,9 +126,8 @@ def main() -> None:
             for name in job["artifacts"]:
                 got = client.get(f"/jobs/{job_id}/artifacts/{name}")
                 assert got.status_code == 200, (job_id, name, got.status_code)
-                rel = {"encoder.onnx": "export/encoder.onnx", "encoder.mlmodel": "export/encoder.mlmodel"}.get(name)
-                served = (root / job_id / "run" / rel) if rel else next((root / job_id / "run").rglob(name), None)
-                if served is not None and served.is_file():
+                served = server_file(root / job_id / RUN, name)
+                if served.is_file():  # an .mlpackage is a folder, sent as a zip made on the way out
                     same = hashlib.sha256(got.content).digest() == hashlib.sha256(served.read_bytes()).digest()
                     assert same, f"{job_id}/{name}: the download differs from the server's file"
                     compared += 1
