@@ -66,7 +66,8 @@ def start_server(root: Path, jobs: int) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(PROJECT), OMP_NUM_THREADS="1", TQDM_DISABLE="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1", TQDM_DISABLE="1")
     log = open(root.parent / "server.log", "ab")
     proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", "--root", str(root), "--port", str(port),
                              "--max-queued", str(jobs)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=PROJECT)

@@ -30,6 +30,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
 PROJECT = Path(__file__).resolve().parents[2]
+# the project first, then whatever the caller's environment adds (packages installed to a --target folder)
+CHILD_PATH = os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))
 TINY = dict(image_size=16, batch_size=8, epochs=2, proj_hidden_dim=32, proj_dim=16, pred_hidden_dim=32, device="cpu",
             num_workers=0, warmup_epochs=0.5, log_every=1, seed=0)
 START_S = 180  # the server reads the options from a child that imports torch: slow on a busy 2-core machine
@@ -44,7 +46,7 @@ class Server:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 self.port = s.getsockname()[1]
-        env = dict(os.environ, PYTHONPATH=str(PROJECT), OMP_NUM_THREADS="1", TQDM_DISABLE="1")
+        env = dict(os.environ, PYTHONPATH=CHILD_PATH, OMP_NUM_THREADS="1", TQDM_DISABLE="1")
         self.log = open(root.parent / f"server-{root.name}.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", "--root", str(root), "--port",
                                       str(self.port), "--allow-data", "synthetic:48", *extra],
@@ -195,7 +197,7 @@ def test_a_job_end_to_end_through_a_sigkill_to_the_same_weights_and_validated_do
     finally:
         server.stop()
     done = subprocess.run([sys.executable, "-m", "pipeline", "validate", "--run", str(copy)], capture_output=True,
-                          text=True, cwd=PROJECT, env=dict(os.environ, PYTHONPATH=str(PROJECT)))
+                          text=True, cwd=PROJECT, env=dict(os.environ, PYTHONPATH=CHILD_PATH))
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads((copy / "validate" / "parity.json").read_text())["passed"]
 
