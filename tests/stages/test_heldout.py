@@ -7,7 +7,9 @@ draws, the pretraining monitor), the report's retrieval bank and embedding maps,
 exactly the train rows of the split. Beside the spies, a test that knows no mechanism: poisoning half of val moves
 no fit and not one score of the other half's rows, so no statistic over val rows (a scaler refit on val, a bank with
 val in it) can hide. Planted duplicates prove the checks can see a leak: a val image copied into train is found by
-the bank as its nearest neighbour, one copied within val never is.
+the bank as its nearest neighbour, one copied within val never is. And every number reported on val images (the
+probe's top-1 and top-5, the C it was fitted at, the few-label means and gains, the retrieval grid's marks and
+counts, the maps' sample and explained variance) is recomputed here from outside the function that reports it.
 
 Small feature arrays and hand-made run directories only: these tests are in `make mutation`'s selection.
 tests/stages/test_heldout_stages.py runs the same checks through the stages on tiny trained runs.
@@ -16,6 +18,7 @@ tests/stages/test_heldout_stages.py runs the same checks through the stages on t
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -24,6 +27,7 @@ import yaml
 
 from core import rundir
 from core.config import load_config, to_dict
+from core.errors import PipelineError
 from train import knn
 from stages import linear_eval as le
 from train.augment import center_views
@@ -117,6 +121,132 @@ def test_few_label_draws_fit_and_vote_on_their_own_train_rows_only(monkeypatch):
     assert all(at is not None and np.array_equal(x, seen.fits[at][0]) for x, at in seen.scalers)
 
 
+def _noisy_eight_classes():
+    """8 classes of blobs, val drowned in noise: the refit probe's top-1, top-2, top-5 and top-6 on val all differ,
+    and the C grid's held-out scores on train differ, with ties, so a selection or a score that ranks the wrong way
+    shows. Train and val as float64 arrays, as probes() hands them to the linear probe."""
+    tx, ty, vx, vy = _blobs(n_train=80, n_val=40, classes=8, seed=3)
+    return tx.double().numpy(), ty, vx.double().numpy() + 6 * np.random.default_rng(0).normal(size=vx.shape), vy
+
+
+def test_c_is_the_smallest_of_the_best_scored_on_held_out_train_rows():
+    x, y, _, _ = _noisy_eight_classes()
+    sel = le.choose_c(x, y, 0.2, seed=0)
+    _, splits = le.selection_splits(y, 0.2, seed=0)
+    scores = {c: np.mean([le.fit_probe(x[fit], y[fit], c).score(x[held], y[held]) for fit, held in splits]) for c in le.C_GRID}
+    best = max(scores.values())
+    assert len(set(scores.values())) > 2 and sum(s == best for s in scores.values()) > 1  # the grid decides, with a tie
+    assert sel == {"c": min(c for c in le.C_GRID if scores[c] == best), "method": "holdout",
+                   "holdout_top1_by_c": {f"{c:g}": pytest.approx(s) for c, s in scores.items()},
+                   "fit_size": len(splits[0][0]), "holdout_size": len(splits[0][1])}
+    folds = le.choose_c(x[:24], y[:24], 0.2, seed=0)  # 3 a class: stratified 3-fold, sizes per fold
+    assert folds.keys() == {"c", "method", "holdout_top1_by_c", "fit_size_per_fold", "holdout_size_per_fold"}
+    assert (folds["fit_size_per_fold"], folds["holdout_size_per_fold"]) == ([16] * 3, [8] * 3)
+    with pytest.raises(PipelineError, match=r"^every class has a single labelled train image: none can be held out to choose C$"):
+        le.choose_c(x[:8], y[:8], 0.2, seed=0)
+    assert le.choose_c(x[:9], y[:9], 0.2, seed=0)["holdout_size"] == 1  # one class of two: C is scored on its second
+
+
+def test_the_linear_probe_scores_val_with_its_own_predictions(monkeypatch):
+    """top-1 and top-5 are the refit probe's own ranking of each val row, a class missing from the train rows is
+    never predicted, top-5 is reported above 5 classes only, and a fit stopped by MAX_ITER is recorded."""
+    x, y, vx, vy = _noisy_eight_classes()
+    res = le.linear_probe(x, y, vx, vy, 8, 0.2, seed=0)
+    model = le.fit_probe(x, y, res["selection"]["c"])
+    ranked = model.classes_[np.argsort(-model.predict_proba(vx), axis=1, kind="stable")]
+    hits = {k: float((ranked[:, :k] == vy[:, None]).any(axis=1).mean()) for k in (1, 2, 5, 6)}
+    assert hits[1] < hits[2] and hits[5] < hits[6]  # the data tells k from k + 1
+    assert (res["top1"], res["top5"]) == pytest.approx((hits[1], hits[5]))
+    assert res["selection"] == {**le.choose_c(x, y, 0.2, seed=0), "converged": True}
+    seen = y != 7  # val images of a class the train rows lack
+    missing = le.linear_probe(x[seen], y[seen], vx, vy, 8, 0.2, seed=0)
+    model = le.fit_probe(x[seen], y[seen], missing["selection"]["c"])
+    assert missing["top1"] == pytest.approx(float((model.predict(vx) == vy).mean()))
+    for classes in (5, 6):
+        rows, val_rows = y < classes, vy < classes
+        top5 = le.linear_probe(x[rows], y[rows], vx[val_rows], vy[val_rows], classes, 0.2, seed=0)["top5"]
+        assert (top5 is None) == (classes == 5), classes  # with 5 classes it would be 100 % whatever the features
+    monkeypatch.setattr(le, "MAX_ITER", 2)
+    assert le.linear_probe(x, y, vx, vy, 8, 0.2, seed=0)["selection"]["converged"] is False
+
+
+def test_the_probe_fits_at_its_c_on_one_blas_thread_and_stops_quietly_at_max_iter(monkeypatch):
+    """The C given is the C fitted (weaker L2, larger weights); BLAS runs on one thread during the fit, so the fit
+    cannot depend on the core count; a fit cut at MAX_ITER warns no one (linear_probe records it instead)."""
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_info
+
+    tx, ty, _, _ = _blobs()
+    x = tx.double().numpy()
+    weights = [np.abs(le.fit_probe(x, ty, c)[-1].coef_).sum() for c in le.C_GRID]
+    assert weights == sorted(weights) and weights[0] < weights[-1] / 10
+    threads = []
+    real = LogisticRegression.fit
+    monkeypatch.setattr(LogisticRegression, "fit", lambda self, *a, **k: threads.extend(
+        i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas") or real(self, *a, **k))
+    monkeypatch.setattr(le, "MAX_ITER", 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = le.fit_probe(x, ty, 10.0)
+    assert model[-1].n_iter_.max() == 2 and threads and set(threads) == {1}
+
+
+def test_selection_splits_hold_out_per_class_and_use_k_fold_for_small_classes():
+    labels = np.repeat(np.arange(4), [1, 2, 10, 20])
+    for fraction, held_per_class in ((0.1, [0, 1, 1, 2]), (0.5, [0, 1, 5, 10]), (0.99, [0, 1, 9, 19])):
+        fit, held = le.holdout_split(labels, fraction, seed=0)  # at least one held out, at least one left to fit
+        assert sorted(np.concatenate([fit, held]).tolist()) == list(range(len(labels)))
+        assert np.bincount(labels[held], minlength=4).tolist() == held_per_class, fraction
+    for smallest, method in ((1, "holdout"), (2, "stratified 2-fold"), (9, "stratified 5-fold"), (10, "holdout")):
+        assert le.selection_splits(np.repeat([0, 1], [smallest, 20]), 0.2, seed=0)[0] == method, smallest
+
+
+def test_per_class_subset_is_seeded_and_names_a_class_too_small_for_k():
+    labels = np.repeat([0, 1, 2], [6, 4, 5])  # the smallest class is not the first
+    classes = ["cat", "dog", "owl"]
+    rows = le.per_class_subset(labels, 4, 3, classes, draw=1)
+    assert np.bincount(labels[rows]).tolist() == [4, 4, 4]  # K = the smallest class's count is allowed
+    assert np.array_equal(rows, le.per_class_subset(labels, 4, 3, classes, draw=1))
+    assert not np.array_equal(rows, le.per_class_subset(labels, 4, 3, classes, draw=2))
+    with pytest.raises(PipelineError, match=r"^--labels-per-class 5 is more than the 4 train images of class 'dog': use at most 4$"):
+        le.per_class_subset(labels, 5, 3, classes)
+    with pytest.raises(PipelineError, match=r"of class '3': use at most 2$"):  # a label beyond the class names
+        le.per_class_subset(np.repeat([0, 3], [5, 2]), 3, 0, classes)
+    feats = {w: (torch.zeros(len(labels), 2), torch.zeros(3, 2)) for w in ("pretrained", "random")}
+    with pytest.raises(PipelineError, match="class 'dog'"):
+        le.few_label_probes(feats, labels, np.arange(3), 3, classes, EvalConfig(labels_per_class=5), seed=0)
+
+
+def test_few_label_results_are_their_draws_seeded_by_the_run_seed(monkeypatch):
+    """Each draw its own rows, drawn again the same from the seed; C's selection seeded by it too; the reported
+    means, stds and paired gains are those of the per-draw results, whose selections are recorded draw by draw."""
+    tx, ty, vx, vy = _blobs(n_train=60, seed=2)
+    feats = {"pretrained": (tx, vx), "random": (tx.flip(1), vx.flip(1))}
+    cfg = EvalConfig(labels_per_class=3, label_draws=2)
+    seeds, selections, drawn = [], [], []
+    real_choose, real_probes, real_subset = le.choose_c, le.probes, le.per_class_subset
+    monkeypatch.setattr(le, "choose_c", lambda x, y, fraction, seed: seeds.append(seed) or real_choose(x, y, fraction, seed))
+    monkeypatch.setattr(le, "probes", lambda *a: (lambda r: selections.append(dict(r["selection"])) or r)(real_probes(*a)))
+    monkeypatch.setattr(le, "per_class_subset", lambda *a: drawn.append(real_subset(*a)) or drawn[-1])
+    few = le.few_label_probes(feats, ty, vy, 4, list("abcd"), cfg, seed=7)
+    assert seeds == [7] * 4
+    assert [d.tolist() for d in drawn] == [real_subset(ty, 3, 7, list("abcd"), d).tolist() for d in range(2)]
+    assert drawn[0].tolist() != drawn[1].tolist()
+    assert few.keys() == {"k", "num_train", "draws", *le.METRICS, "baseline", "std", "gain", "gain_std", "knn_k_used",
+                          "majority_k_used", "per_draw", "linear_selection"}
+    assert (few["k"], few["num_train"], few["draws"], len(few["per_draw"])) == (3, 12, 2, 2)
+    assert few["linear_selection"] == [{"pretrained": selections[2 * d], "baseline": selections[2 * d + 1]} for d in range(2)]
+    for m in le.METRICS:
+        pre, base = [r[m] for r in few["per_draw"]], [r["baseline"][m] for r in few["per_draw"]]
+        if m == "top5":  # 4 classes
+            assert {few[m], few["gain"][m], few["std"]["baseline"][m]} == {None}
+            continue
+        diff = np.subtract(pre, base)
+        assert (few[m], few["baseline"][m], few["gain"][m], few["gain_std"][m]) == pytest.approx(
+            (np.mean(pre), np.mean(base), np.mean(diff), np.std(diff)))
+        assert (few["std"]["pretrained"][m], few["std"]["baseline"][m]) == pytest.approx((np.std(pre), np.std(base)))
+
+
 # --- a stand-in backbone: features are a fixed linear map of the pixels, so identical images give identical rows
 
 def _backbone(size: int) -> torch.nn.Module:
@@ -172,14 +302,15 @@ def test_the_monitor_banks_the_train_images_and_finds_a_planted_duplicate_only_t
 def test_cached_features_extract_train_then_val_images_of_the_split(tmp_path, monkeypatch):
     data, split = _data()
     v, twin = _plant(data, split, "val")
-    extracted = []
+    extracted, args = [], []
     real = le.extract_features
-    monkeypatch.setattr(le, "extract_features", lambda b, images, *a: extracted.append(images) or real(b, images, *a))
+    monkeypatch.setattr(le, "extract_features", lambda b, images, *a: extracted.append(images) or args.append(a) or real(b, images, *a))
     net = _backbone(8)
-    train, val, _ = le.cached_features(tmp_path / "f.pt", net, 0, data, split, 8, torch.device("cpu"), 7, lambda *_: None)
+    train, val, device = le.cached_features(tmp_path / "f.pt", net, 0, data, split, 8, torch.device("cpu"), 7, lambda *_: None)
     assert [len(e) for e in extracted] == [len(split["train"]), len(split["val"])]
     assert torch.equal(extracted[0], data.images[torch.as_tensor(split["train"])])
     assert torch.equal(extracted[1], data.images[torch.as_tensor(split["val"])])
+    assert [a[-1] for a in args] == [7, 7] and device == "cpu"  # the batch size asked for; the device recorded
     assert len(_near(val[0], train)) == 0 and _near(val[0], val).tolist() == [0, 1]  # the planted pair: val only
 
 
@@ -225,22 +356,47 @@ def test_cached_features_are_never_served_for_another_split_or_other_weights(tmp
     n = len(calls)
     cached()
     assert len(calls) == n + 2  # a damaged file is only a cache: recomputed
+    torch.save({**torch.load(path, weights_only=True), "device": _Pickled()}, path)  # the right key, and an object
+    cached()
+    assert len(calls) == n + 4  # that only a full unpickling would build: not unpickled, recomputed
+
+
+class _Pickled:
+    """Stands for any object a planted cache file could make torch.load build (weights_only=False runs its code)."""
 
 
 def test_pretraining_trains_on_the_train_images_of_the_split(tmp_path, tiny_overrides):
     from stages import pretrain
     from train import runspec
 
-    cfg = runspec.config_for_run(None, {**tiny_overrides, "val_fraction": 0.25}, tmp_path, False)
+    cfg = runspec.config_for_run(None, {**tiny_overrides, "val_fraction": 0.25, "seed": 3}, tmp_path, False)
     data, split, images = pretrain.train_split(cfg, tmp_path, resume=False)
     assert set(split["train"]).isdisjoint(split["val"]) and len(split["train"]) + len(split["val"]) == len(data)
     assert torch.equal(images, data.images[torch.as_tensor(split["train"])])
+    evaluated = load_data(cfg.data, runspec.store_size_for(cfg), seed=3)  # what linear-eval loads: the run's seed
+    assert torch.equal(data.images, evaluated.images) and split == make_split(evaluated, 0.25, 3)
+
+
+def test_pretraining_over_an_old_run_takes_its_own_split_of_one_batch_or_refuses_no_train_images(tmp_path, tiny_overrides):
+    """--overwrite reads the data before it deletes the old run: the old split.json is not this run's to check
+    against; a train split of exactly one batch trains; a split that leaves no train image is one clear error."""
+    from stages import pretrain
+    from train import runspec
+
+    cfg = runspec.config_for_run(None, {**tiny_overrides, "val_fraction": 0.25, "batch_size": 36}, tmp_path, False)
+    rundir.write_json_atomic(tmp_path / rundir.SPLIT, {"train_sources": ["an image of the old run"]})
+    _, split, images = pretrain.train_split(cfg, tmp_path, resume=False)
+    assert len(images) == len(split["train"]) == 36
+    cfg = runspec.config_for_run(None, {**tiny_overrides, "data": "synthetic:4", "val_fraction": 0.75}, tmp_path / "b", False)
+    with pytest.raises(PipelineError, match="larger than the 0 training images of synthetic:4$"):
+        pretrain.train_split(cfg, tmp_path / "b", resume=False)
 
 
 # --- a hand-made run directory for the report and validate: config, split, linear.json and cached features
 
-def _run_dir(tmp_path, plant: str | None = None):
-    cfg = PretrainConfig(data="synthetic:24", image_size=8, val_fraction=0.5, seed=0)
+def _run_dir(tmp_path, plant: str | None = None, n: int = 24, scale: float = 1.0):
+    """`scale` shrinks the features (below unit length at 1e-5), `n` is the number of images, half of them val."""
+    cfg = PretrainConfig(data=f"synthetic:{n}", image_size=8, val_fraction=0.5, seed=0)
     data = load_data(cfg.data, 8, seed=0)
     split = make_split(data, cfg.val_fraction, 0)
     run = tmp_path / "run"
@@ -252,7 +408,7 @@ def _run_dir(tmp_path, plant: str | None = None):
     pixels = center_views(data.images, 8).float().flatten(1)
     feats = {}
     for which, seed in (("pretrained", 1), ("random", 2)):
-        f = pixels @ torch.randn(pixels.shape[1], 16, generator=torch.Generator().manual_seed(seed))
+        f = scale * pixels @ torch.randn(pixels.shape[1], 16, generator=torch.Generator().manual_seed(seed))
         train, val = f[split["train"]].clone(), f[split["val"]].clone()
         if plant == "train":
             train[0] = val[0]  # a val image's twin among the train images
@@ -300,6 +456,92 @@ def test_retrieval_banks_the_train_features_and_finds_a_planted_duplicate_only_t
     train_y, val_y = data.labels[split["train"]].numpy(), data.labels[split["val"]].numpy()
     agree = (train_y[real(feats["pretrained"][0].numpy(), feats["pretrained"][1].numpy(), 3)] == val_y[:, None]).mean()
     assert f"pretrained {100 * agree:.1f} %" in html  # the reported agreement: val queries against the train bank
+
+
+def test_the_retrieval_grid_shows_seeded_queries_and_marks_each_neighbour_by_its_own_label(tmp_path):
+    """The grid's queries are pick_queries' seeded choice of val images, each with its class; each neighbour shown is
+    marked right or wrong by its own train label against the query's, and the counts under the grid are those marks;
+    the agreement over every val image is reported for both backbones."""
+    import re
+
+    from stages import report
+
+    run, split, feats, data = _run_dir(tmp_path)
+    html = report.retrieval(report.Run(run, report.ReportConfig(queries=4, neighbours=3, seed=5), lambda *_: None))
+    train_y, val_y = data.labels[split["train"]].numpy(), data.labels[split["val"]].numpy()
+    nbrs = {w: report.cosine_neighbours(feats[w][0].numpy(), feats[w][1].numpy(), 3) for w in feats}
+    expected, right = [], {w: 0 for w in nbrs}
+    for q in report.pick_queries(val_y, 4, 5):
+        row = [("", "", split["val_sources"][q], data.classes[val_y[q]])]
+        for w in ("pretrained", "random"):
+            for j in nbrs[w][q]:
+                ok = train_y[j] == val_y[q]
+                right[w] += int(ok)
+                row.append(("ok" if ok else "bad", w, split["train_sources"][j], f"{data.classes[train_y[j]]} {'✓' if ok else '✗'}"))
+        expected.append(row)
+    figure = r'<figure(?: class="(\w+) (\w+)")?><img [^>]*title="([^"]+)"[^>]*><figcaption>(.*?)</figcaption></figure>'
+    assert [re.findall(figure, row) for row in html.split("<tr>")[2:]] == expected
+    assert 0 < sum(right.values()) < 2 * 4 * 3  # both marks are shown
+    assert f"Shown: pretrained {right['pretrained']}/12 right, random init {right['random']}/12." in html
+    agree = {w: (train_y[nbrs[w]] == val_y[:, None]).mean() for w in nbrs}
+    assert f"<b>pretrained {100 * agree['pretrained']:.1f} %</b>, random init {100 * agree['random']:.1f} %." in html
+
+
+def test_cosine_neighbours_rank_by_angle_whatever_the_lengths_and_break_ties_by_index():
+    from stages import report
+
+    bank = np.array([[2, 0, 0], [0, 0.05, 0], [0.03, 0, 0], [1.4, 0.2, 0], [0, 0, 4], [0.5, 0, 0], [0, 3, 0], [0.01, 0, 0],
+                     [0, 0, 0.2], [0.7, 0, 0], [0, 0.3, 0], [0, 0, 0.9]])
+    queries = np.array([[1, 0, 0], [0, 0.001, 0], [0, 0, 7]])
+    # on the query's axis, short or long, in index order; then the one 8 degrees off it; then the rest, tied at 0
+    assert report.cosine_neighbours(bank, queries, len(bank)).tolist() == [
+        [0, 2, 5, 7, 9, 3, 1, 4, 6, 8, 10, 11], [1, 6, 10, 3, 0, 2, 4, 5, 7, 8, 9, 11], [4, 8, 11, 0, 1, 2, 3, 5, 6, 7, 9, 10]]
+    assert report.cosine_neighbours(bank, queries, 2).tolist() == [[0, 2], [1, 6], [4, 8]]
+
+
+@pytest.mark.parametrize("n, map_max, tsne_max, keep, tsne", [
+    (24, 5, 2000, [0, 3, 6, 8, 11], False),  # an even sample of the 12 val rows, first and last; t-SNE needs 6
+    (24, 6, 2000, [0, 2, 4, 7, 9, 11], True),
+    (24, 5000, 12, list(range(12)), True),  # t-SNE up to --tsne-max ...
+    (24, 5000, 11, list(range(12)), False),  # ... and not beyond
+    (200, 5000, 2000, list(range(100)), True),  # perplexity capped at 30
+])
+def test_embedding_maps_sample_val_evenly_and_report_the_variance_of_its_unit_rows(tmp_path, monkeypatch, n, map_max,
+                                                                                   tsne_max, keep, tsne):
+    """The maps show an even sample of at most --map-max val rows, L2-normalised however short the features; PCA
+    and t-SNE are 2-D and seeded by --seed, t-SNE at perplexity min(30, (n - 1) / 3); the variance the two
+    components explain is reported for both backbones. t-SNE itself is not run: its inputs are what is checked."""
+    from sklearn.decomposition import PCA
+    from sklearn.manifold import TSNE
+
+    from stages import report, report_figures
+
+    run, split, feats, data = _run_dir(tmp_path, n=n, scale=1e-5)
+    pcas, tsnes, drawn = [], [], []
+    real_pca, real_maps = PCA.fit, report_figures.embedding_maps
+    monkeypatch.setattr(PCA, "fit", lambda self, x, y=None: pcas.append((self, np.array(x))) or real_pca(self, x, y))
+    monkeypatch.setattr(TSNE, "fit_transform",
+                        lambda self, x, y=None: tsnes.append((self, np.array(x))) or np.zeros((len(x), self.n_components)))
+    monkeypatch.setattr(report_figures, "embedding_maps",
+                        lambda maps, labels, classes: drawn.append((maps, labels)) or real_maps(maps, labels, classes))
+    cfg = report.ReportConfig(map_max=map_max, tsne_max=tsne_max, seed=3)
+    html = report.embedding_map(report.Run(run, cfg, lambda *_: None))
+    val = {w: feats[w][1].double().numpy()[keep] for w in feats}
+    unit = {w: x / np.linalg.norm(x, axis=1, keepdims=True) for w, x in val.items()}
+    assert all(np.linalg.norm(x, axis=1).max() < 0.5 for x in val.values())  # too short to pass for unit rows
+    assert len(pcas) == 2 and len(tsnes) == (2 if tsne else 0)
+    for (model, x), w in zip(pcas + tsnes, ("pretrained", "random") * 2):
+        np.testing.assert_allclose(x, unit[w], rtol=1e-5, atol=1e-7)
+        assert (model.n_components, model.random_state) == (2, 3)
+    perplexity = min(30.0, (len(keep) - 1) / 3)
+    assert [model.perplexity for model, _ in tsnes] == [perplexity] * len(tsnes)
+    (maps, labels), = drawn
+    assert np.array_equal(labels, data.labels[split["val"]].numpy()[keep])
+    assert [xy.shape for _, xy in maps] == [(len(keep), 2)] * (4 if tsne else 2)
+    explained = {w: PCA(n_components=2).fit(x).explained_variance_ratio_.sum() for w, x in unit.items()}
+    assert (f"explain <b>{100 * explained['pretrained']:.1f} %</b> of the variance (pretrained) and "
+            f"{100 * explained['random']:.1f} % (random init)") in html
+    assert (f"t-SNE: perplexity {perplexity:.1f}, seed 3." if tsne else "t-SNE left out") in html
 
 
 def test_embedding_maps_are_the_val_rows_alone_with_their_own_labels(tmp_path, monkeypatch):
