@@ -437,7 +437,8 @@ def embedding_map(run: Run) -> str:
         pca = PCA(n_components=2, random_state=cfg.seed).fit(x)
         explained[w] = float(pca.explained_variance_ratio_.sum())
         maps.append((f"PCA, {title}", pca.transform(x)))
-    tsne_note = f"t-SNE left out: {len(keep):,} images is more than --tsne-max {cfg.tsne_max:,}"
+    tsne_note = (f"t-SNE left out: {len(keep):,} images is more than --tsne-max {cfg.tsne_max:,}"
+                 if len(keep) > cfg.tsne_max else f"t-SNE left out: {len(keep):,} images are too few for its perplexity")
     if len(keep) <= cfg.tsne_max and len(keep) > 5:
         from sklearn.manifold import TSNE
         from threadpoolctl import threadpool_limits

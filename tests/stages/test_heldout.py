@@ -541,7 +541,9 @@ def test_embedding_maps_sample_val_evenly_and_report_the_variance_of_its_unit_ro
     explained = {w: PCA(n_components=2).fit(x).explained_variance_ratio_.sum() for w, x in unit.items()}
     assert (f"explain <b>{100 * explained['pretrained']:.1f} %</b> of the variance (pretrained) and "
             f"{100 * explained['random']:.1f} % (random init)") in html
-    assert (f"t-SNE: perplexity {perplexity:.1f}, seed 3." if tsne else "t-SNE left out") in html
+    left_out = (f"t-SNE left out: {len(keep):,} images is more than --tsne-max {tsne_max:,}." if len(keep) > tsne_max
+                else f"t-SNE left out: {len(keep):,} images are too few for its perplexity.")
+    assert (f"t-SNE: perplexity {perplexity:.1f}, seed 3." if tsne else left_out) in html
 
 
 def test_embedding_maps_are_the_val_rows_alone_with_their_own_labels(tmp_path, monkeypatch):
