@@ -11,7 +11,7 @@ PRETRAIN_SRC := stages/pretrain.py train/runspec.py train/training.py train/reci
                 train/device_augment.py train/preprocess.py train/data.py train/backbones.py train/optim.py \
                 train/distributed.py train/configs.py train/heads.py train/method_spec.py train/data_spec.py \
                 core/provenance.py $(wildcard train/methods/*.py)
-EVAL_SRC     := stages/linear_eval.py train/runspec.py core/provenance.py train/knn.py train/features.py train/verdict.py
+EVAL_SRC     := stages/linear_eval.py train/probe.py train/runspec.py core/provenance.py train/knn.py train/features.py train/verdict.py
 EXPORT_SRC   := stages/export.py export/encoder.py export/formats.py export/compression.py export/coreml.py export/onnx_format.py \
                 export/metadata.py core/quiet.py export/traced.py export/configs.py export/targets.py core/provenance.py
 VALIDATE_SRC := stages/validate.py train/runspec.py export/formats.py export/compression.py export/coreml.py export/onnx_format.py export/mil_eval.py \
@@ -103,8 +103,8 @@ MUTANTS ?= train.knn.x_[kwt]* train.knn.x_majority* export.parity.* stages.valid
            $(HELDOUT_MUTANTS)
 # what reads val images and what must never learn from them (tests/stages/test_heldout.py): the probes, C's selection,
 # the few-label draws, the features' extraction, the monitor, the report's retrieval and maps, validate's images
-HELDOUT_MUTANTS ?= stages.linear_eval.x_fit_probe* stages.linear_eval.x_choose_c* stages.linear_eval.x_linear_probe* \
-           stages.linear_eval.x_selection_splits* stages.linear_eval.x_holdout_split* stages.linear_eval.x__both* \
+HELDOUT_MUTANTS ?= train.probe.x_fit_probe* train.probe.x_choose_c* stages.linear_eval.x_linear_probe* \
+           train.probe.x_selection_splits* train.probe.x_holdout_split* stages.linear_eval.x__both* \
            stages.linear_eval.x_few_label_probes* stages.linear_eval.x_per_class_subset* \
            stages.linear_eval.x_cached_features* train.knn.x_make_monitor* stages.report.x_retrieval* \
            stages.report.x_cosine_neighbours* stages.report.x_embedding_map* stages.report.x_labels_of* \
