@@ -15,7 +15,7 @@ EVAL_SRC     := stages/linear_eval.py train/probe.py train/runspec.py core/prove
 EXPORT_SRC   := stages/export.py export/encoder.py export/formats.py export/compression.py export/coreml.py export/onnx_format.py \
                 export/metadata.py core/quiet.py export/traced.py export/configs.py export/targets.py core/provenance.py
 VALIDATE_SRC := stages/validate.py train/runspec.py export/formats.py export/compression.py export/coreml.py export/onnx_format.py export/mil_eval.py \
-                export/nn_eval.py export/parity.py core/coreml_runtime.py export/configs.py core/provenance.py
+                export/nn_eval.py export/parity.py train/probe.py core/coreml_runtime.py export/configs.py core/provenance.py
 REPORT_SRC   := stages/report.py stages/report_figures.py train/runspec.py train/verdict.py core/provenance.py
 
 # the toolchain's usual place, for a shell that starts without /opt/swift on PATH
@@ -108,7 +108,8 @@ HELDOUT_MUTANTS ?= train.probe.x_fit_probe* train.probe.x_choose_c* stages.linea
            stages.linear_eval.x_few_label_probes* stages.linear_eval.x_per_class_subset* \
            stages.linear_eval.x_cached_features* train.knn.x_make_monitor* stages.report.x_retrieval* \
            stages.report.x_cosine_neighbours* stages.report.x_embedding_map* stages.report.x_labels_of* \
-           stages.validate.x_val_images* stages.pretrain.x_train_split*
+           stages.validate.x_val_images* stages.validate.x_train_images* stages.validate.x_spread* \
+           stages.pretrain.x_train_split*
 mutation: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,mutation]' 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/mutmut run $(foreach m,$(MUTANTS),'$(m)')

@@ -117,6 +117,69 @@ def test_few_label_draws_fit_and_vote_on_their_own_train_rows_only(monkeypatch):
     assert all(at is not None and np.array_equal(x, seen.fits[at][0]) for x, at in seen.scalers)
 
 
+# --- validate's probe gate: each model's own probe, on its own train rows
+
+def _two_models(seed=3):
+    """The fp32 encoder's rows and a compressed artifact's (the same images, every feature moved a little),
+    train then val, float64 as parity receives them."""
+    tx, ty, vx, vy = _blobs(seed=seed)
+    move = np.random.default_rng(seed).normal(size=tx.shape[1]) * 0.05
+    fp32 = (tx.double().numpy(), vx.double().numpy())
+    return fp32, (fp32[0] + move, fp32[1] + move), ty, vy
+
+
+def test_validates_probes_fit_each_models_own_train_rows_only(monkeypatch):
+    from export import parity
+    from train.probe import C_GRID
+
+    fp32, artifact, ty, vy = _two_models()
+    seen = spy(monkeypatch)
+    reference = parity.reference_probe(fp32[0], ty, fp32[1], vy, 0.2, seed=0)
+    assert len(seen.fits) == len(C_GRID) + 1  # C's selection on one held-out part of fp32's train rows, the refit
+    parity.probe_metrics(reference, artifact[0], ty, artifact[1], vy)
+    assert_learned_from(seen, np.concatenate([fp32[0], artifact[0]]), np.concatenate([ty, ty]),
+                        np.concatenate([fp32[1], artifact[1]]), banks=False)
+    *selection, fp32_refit, own = seen.fits
+    assert all((positions(x, fp32[0]) >= 0).all() for x, _ in selection)  # C: fp32's train rows, nothing else
+    assert np.array_equal(fp32_refit[0], fp32[0]) and np.array_equal(own[0], artifact[0])  # each its own, all of them
+
+
+def test_poisoned_val_rows_move_no_fit_and_no_c_of_validates_probes(monkeypatch):
+    from export import parity
+
+    fp32, artifact, ty, vy = _two_models(seed=4)
+    keep = len(vy) // 2
+    poisoned = [v.copy() for v in (fp32[1], artifact[1])]
+    for v in poisoned:
+        v[keep:] = 40 * np.random.default_rng(9).normal(size=v[keep:].shape)
+    runs = []
+    for val, labels in (((fp32[1], artifact[1]), vy), (poisoned, np.where(np.arange(len(vy)) < keep, vy, (vy + 1) % 4))):
+        with monkeypatch.context() as m:
+            seen = spy(m)
+            reference = parity.reference_probe(fp32[0], ty, val[0], labels, 0.2, seed=0)
+            metrics = parity.probe_metrics(reference, artifact[0], ty, val[1], labels)
+        runs.append((seen, reference, metrics))
+    (clean, ref_clean, m_clean), (dirty, ref_dirty, m_dirty) = runs
+    assert ref_clean["selection"] == ref_dirty["selection"] and len(clean.fits) == len(dirty.fits)
+    for (a, ay), (b, by) in zip(clean.fits, dirty.fits):
+        assert np.array_equal(a, b) and np.array_equal(ay, by)
+    assert m_clean["probe_top1"] != m_dirty["probe_top1"]  # the poisoned rows were scored: the check can see them
+
+
+def test_validates_probe_images_are_train_images_of_the_split_spread_over_it(tmp_path):
+    from stages import validate
+
+    run, split, _, data = _run_dir(tmp_path)
+    for cap in (3, 256):
+        images, sources, labels = validate.train_images(run, 8, cap)
+        idx = validate.spread(split["train"], cap)
+        assert len(idx) == min(cap, len(split["train"])) and set(idx) <= set(split["train"])
+        assert sources == [data.sources[i] for i in idx] and set(sources).isdisjoint(split["val_sources"])
+        assert torch.equal(images, center_views(data.images[torch.as_tensor(idx)], 8))
+        assert list(labels) == data.labels[torch.as_tensor(idx)].tolist()
+    assert validate.spread(list(range(0, 100, 2)), 5) == [0, 20, 40, 60, 80]  # evenly over the split, not its head
+
+
 # --- a stand-in backbone: features are a fixed linear map of the pixels, so identical images give identical rows
 
 def _backbone(size: int) -> torch.nn.Module:
@@ -332,8 +395,9 @@ def test_validate_checks_with_the_val_images_of_the_split(tmp_path):
     run, split, _, data = _run_dir(tmp_path)
     for cap in (5, 256):
         images, sources = validate.val_images(run, 8, cap)
-        idx = split["val"][:cap]
-        assert sources == split["val_sources"][:cap] and set(sources).isdisjoint(split["train_sources"])
+        idx = validate.spread(split["val"], cap)
+        assert sources == [data.sources[i] for i in idx] and set(sources).isdisjoint(split["train_sources"])
+        assert set(idx) <= set(split["val"]) and len(idx) == min(cap, len(split["val"]))
         assert torch.equal(images, center_views(data.images[torch.as_tensor(idx)], 8))
     images, sources, n_val, labels = validate.check_images(load_config(validate.ValidateConfig), run, 8, lambda *_: None)
     assert n_val == len(sources) == len(split["val"]) and sources == split["val_sources"]
