@@ -11,11 +11,11 @@ PRETRAIN_SRC := stages/pretrain.py train/runspec.py train/training.py train/reci
                 train/device_augment.py train/preprocess.py train/data.py train/backbones.py train/optim.py \
                 train/distributed.py train/configs.py train/heads.py train/method_spec.py train/data_spec.py \
                 core/provenance.py $(wildcard train/methods/*.py)
-EVAL_SRC     := stages/linear_eval.py train/runspec.py core/provenance.py train/knn.py train/features.py train/verdict.py
+EVAL_SRC     := stages/linear_eval.py train/probe.py train/runspec.py core/provenance.py train/knn.py train/features.py train/verdict.py
 EXPORT_SRC   := stages/export.py export/encoder.py export/formats.py export/compression.py export/coreml.py export/onnx_format.py \
                 export/metadata.py core/quiet.py export/traced.py export/configs.py export/targets.py core/provenance.py
 VALIDATE_SRC := stages/validate.py train/runspec.py export/formats.py export/compression.py export/coreml.py export/onnx_format.py export/mil_eval.py \
-                export/nn_eval.py export/parity.py core/coreml_runtime.py export/configs.py core/provenance.py
+                export/nn_eval.py export/parity.py train/probe.py core/coreml_runtime.py export/configs.py core/provenance.py
 REPORT_SRC   := stages/report.py stages/report_figures.py train/runspec.py train/verdict.py core/provenance.py
 
 # the toolchain's usual place, for a shell that starts without /opt/swift on PATH
@@ -103,12 +103,13 @@ MUTANTS ?= train.knn.x_[kwt]* train.knn.x_majority* export.parity.* stages.valid
            $(HELDOUT_MUTANTS)
 # what reads val images and what must never learn from them (tests/stages/test_heldout.py): the probes, C's selection,
 # the few-label draws, the features' extraction, the monitor, the report's retrieval and maps, validate's images
-HELDOUT_MUTANTS ?= stages.linear_eval.x_fit_probe* stages.linear_eval.x_choose_c* stages.linear_eval.x_linear_probe* \
-           stages.linear_eval.x_selection_splits* stages.linear_eval.x_holdout_split* stages.linear_eval.x__both* \
+HELDOUT_MUTANTS ?= train.probe.x_fit_probe* train.probe.x_choose_c* stages.linear_eval.x_linear_probe* \
+           train.probe.x_selection_splits* train.probe.x_holdout_split* stages.linear_eval.x__both* \
            stages.linear_eval.x_few_label_probes* stages.linear_eval.x_per_class_subset* \
            stages.linear_eval.x_cached_features* train.knn.x_make_monitor* stages.report.x_retrieval* \
            stages.report.x_cosine_neighbours* stages.report.x_embedding_map* stages.report.x_labels_of* \
-           stages.validate.x_val_images* stages.pretrain.x_train_split*
+           stages.validate.x_val_images* stages.validate.x_train_images* stages.validate.x_spread* \
+           stages.pretrain.x_train_split*
 mutation: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,mutation]' 2>&1 | grep -v "^WARNING: Location" || true
 	$(BIN)/mutmut run $(foreach m,$(MUTANTS),'$(m)')

@@ -1,33 +1,56 @@
 #!/usr/bin/env bash
-# Size against retrieval agreement for every --compress choice, for ResNet-18 and mobilenet_v3_small:
-#   bash benchmarks/compression.sh OUT [NAME]   (CPU; about an hour on 2 shared cores; NAME: one run only)
-# - digits-resnet18: configs/digits-cpu.yaml (SimCLR ResNet-18 on the embedded digits, 8 px: make all's run before its photos default);
-# - digits-mobilenet_v3_small: the same config with --backbone mobilenet_v3_small --image-size 16 (the smallest
-#   side its small stem takes) --epochs 5 (a quarter of make all's steps, to fit the CPU time);
-# each measured on its own val split (`pipeline validate`, its gates) and on the eval split of the offline
-# digits-sizes set of benchmarks/recipe_datasets.py (digits drawn at 12/20/28 px on 32 px, class folders; the one
-# set it builds without scikit-image), through benchmarks/compression_measure.py, which adds ONNX with
-# onnxruntime's 8-bit dynamic quantization. Raw output: benchmarks/results/compression/.
+# Size against retrieval agreement for every --compress choice, on trained MobileNetV3-Small and ResNet-18 encoders:
+#   bash benchmarks/compression.sh OUT [NAME [RUN]]
+# OUT holds the runs (OUT/NAME, trained on the CPU if OUT/NAME/checkpoints/last.pt is missing); NAME measures one run
+# of the list below only; RUN measures a copy of an existing run directory as NAME (e.g. `make all`'s runs/default
+# as photos-mobilenet_v3_small) instead of training it. Raw output: benchmarks/results/compression/NAME.*, the
+# docs' table from `python benchmarks/compression_summary.py`.
+#   photos-mobilenet_v3_small      configs/default.yaml, the run `make all` makes (216 steps of 128)
+#   photos-resnet18                the same with --backbone resnet18 --image-size 32 --small-stem on, --epochs 3
+#                                  (54 steps, a quarter of make all's: what the 2-core CPU time allowed)
+#   photosset-mobilenet_v3_small   benchmarks/recipe_datasets.py's `photos` set (ten photographs, 32 px; needs the
+#                                  `bench` extra's scikit-image), --image-size 32 --small-stem on, 2 epochs
+#   photosset-resnet18             the same set, ResNet-18, 32 px, small stem, 1 epoch of 64
+#   digits-resnet18                configs/digits-cpu.yaml (ResNet-18 on the embedded digits at 8 px)
+#   digits-mobilenet_v3_small      the same with --backbone mobilenet_v3_small --image-size 16 --epochs 5
+# Each run: `pipeline export` of every format and compression, `pipeline validate` on its val split with its gates
+# (each compressed artifact's own probe fitted on up to 1024 of its train images), then
+# benchmarks/compression_measure.py --only onnx-int8 on the same images: ONNX with onnxruntime's 8-bit dynamic
+# quantization, which the pipeline does not write.
 set -euo pipefail
-OUT=${1:?usage: compression.sh OUT}
+OUT=${1:?usage: compression.sh OUT [NAME [RUN]]}
+ONLY=${2:-}
+FROM=${3:-}
 PY=${PYTHON:-python}
-P="$PY -m pipeline"
+P="nice $PY -m pipeline"
 RES=benchmarks/results/compression
 mkdir -p "$OUT" "$RES"
-[ -d "$OUT/sets/digits-sizes" ] || $PY benchmarks/recipe_datasets.py "$OUT/sets" --only digits-sizes
-run() {  # name, pretrain flags...
-  local name=$1; shift
+run() {  # name, config, pretrain flags...
+  local name=$1 config=$2; shift 2
   local r="$OUT/$name"
-  [ -f "$r/checkpoints/last.pt" ] || $P pretrain --config configs/digits-cpu.yaml --out "$r" --overwrite "$@"
+  if [ -n "$FROM" ] && [ ! -d "$r" ]; then cp -r "$FROM" "$r"; fi
+  [ -f "$r/checkpoints/last.pt" ] || $P pretrain --config "$config" --device cpu --out "$r" --overwrite "$@"
   $P export --run "$r" --to all
   for c in int8 palettize-6 palettize-4; do $P export --run "$r" --to coreml --compress "$c"; done
   $P export --run "$r" --to coreml --coreml-format mlpackage --compress prune-50
-  $P validate --run "$r" --coreml-runtime off > "$RES/$name.validate.txt" 2>&1 || true  # a failed gate is a result
+  # a failed gate is a result, not the end of the measurement
+  $P validate --run "$r" --coreml-runtime off > "$RES/$name.validate.txt" 2>&1 || true
   cp "$r/validate/parity.json" "$RES/$name.parity.json"
   cp "$r/export/encoder.json" "$RES/$name.encoder.json"
-  $PY benchmarks/compression_measure.py "$r" --folder "$OUT/sets/digits-sizes/eval" --out "$RES/$name.digits-sizes.json" \
-    > "$RES/$name.digits-sizes.txt"
+  nice $PY benchmarks/compression_measure.py "$r" --only onnx-int8 --out "$RES/$name.onnx-int8.json" > "$RES/$name.onnx-int8.txt"
 }
-want() { [ -z "${2:-}" ] || [ "$2" = "$1" ]; }
-want digits-resnet18 "${2:-}" && run digits-resnet18
-want digits-mobilenet_v3_small "${2:-}" && run digits-mobilenet_v3_small --backbone mobilenet_v3_small --image-size 16 --epochs 5
+want() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
+photos_set() {
+  [ -d "$OUT/sets/photos" ] || nice $PY benchmarks/recipe_datasets.py "$OUT/sets" --only photos
+  echo "folder:$OUT/sets/photos/train"
+}
+RESNET="--backbone resnet18 --image-size 32 --small-stem on"
+want photos-mobilenet_v3_small && run photos-mobilenet_v3_small configs/default.yaml
+want photos-resnet18 && run photos-resnet18 configs/default.yaml $RESNET --epochs 3
+want photosset-mobilenet_v3_small && run photosset-mobilenet_v3_small configs/default.yaml --data "$(photos_set)" \
+  --image-size 32 --small-stem on --epochs 2
+want photosset-resnet18 && run photosset-resnet18 configs/default.yaml --data "$(photos_set)" $RESNET --epochs 1 --batch-size 64
+want digits-resnet18 && run digits-resnet18 configs/digits-cpu.yaml
+want digits-mobilenet_v3_small && run digits-mobilenet_v3_small configs/digits-cpu.yaml --backbone mobilenet_v3_small \
+  --image-size 16 --epochs 5
+true

@@ -2,8 +2,10 @@
 
     python benchmarks/compression_summary.py [benchmarks/results/compression]
 
-one row per run and artifact: size, then on the run's val split (`pipeline validate`'s parity.json) and on the
-digits-sizes eval folder (compression_measure.py): top-10 agreement, worst cosine, kNN and probe top-1 drop.
+one row per run and artifact, on the run's val split: size, top-10 agreement, worst cosine, kNN top-1 drop and the
+drop of each model's own linear probe, from `pipeline validate`'s parity.json (with its gates) and, for ONNX with
+8-bit weights, from compression_measure.py --only onnx-int8 (the same images and probe; no gate of the pipeline's).
+The fp32 encoder's own kNN and probe top-1 head each run.
 """
 
 from __future__ import annotations
@@ -19,21 +21,23 @@ def _f(v, spec: str) -> str:
 
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/compression")
-    print("| run | artifact | MB | val: top-10 | worst cos | kNN drop | probe drop | gates | digits-sizes: top-10 | worst cos | kNN drop | probe drop |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | artifact | MB | top-10 | worst cos | kNN drop | probe drop | gates |")
+    print("|---|---|---|---|---|---|---|---|")
     for parity_file in sorted(root.glob("*.parity.json")):
         name = parity_file.name.removesuffix(".parity.json")
-        val = {r["artifact"]: r for r in json.loads(parity_file.read_text())["rows"]}
-        photos_file = root / f"{name}.digits-sizes.json"
-        photos = {r["artifact"]: r for r in json.loads(photos_file.read_text())["rows"]} if photos_file.exists() else {}
-        for artifact in list(val) + [a for a in photos if a not in val]:
-            v, p = val.get(artifact, {}), photos.get(artifact, {})
-            size = (v or p).get("size_bytes")
-            gate = "–" if not v else ("pass" if v["passed"] else "FAIL: " + "; ".join(v["failures"]))
-            print(f"| {name} | {artifact} | {_f(size and size / 1e6, '.1f')} | {_f(v.get('topk_agreement'), '.3f')} | "
-                  f"{_f(v.get('worst_cosine'), '.4f')} | {_f(v.get('knn_drop'), '+.3f')} | {_f(v.get('probe_drop'), '+.3f')} | "
-                  f"{gate} | {_f(p.get('topk_agreement'), '.3f')} | {_f(p.get('worst_cosine'), '.4f')} | "
-                  f"{_f(p.get('knn_drop'), '+.3f')} | {_f(p.get('probe_drop'), '+.3f')} |")
+        parity = json.loads(parity_file.read_text())
+        rows = [{**r, "gate": "pass" if r["passed"] else "FAIL: " + "; ".join(r["failures"])} for r in parity["rows"]]
+        onnx = root / f"{name}.onnx-int8.json"
+        rows += [{**r, "gate": "–"} for r in json.loads(onnx.read_text())["rows"]] if onnx.exists() else []
+        probe, knn = parity.get("probe", {}), next((r for r in rows if r.get("knn_top1_ref") is not None), {})
+        print(f"| **{name}** | fp32 encoder: kNN top-1 {_f(knn.get('knn_top1_ref'), '.3f')}, own probe top-1 "
+              f"{_f(probe.get('top1'), '.3f')} (C {_f(probe.get('c'), 'g')}, {probe.get('train_images', 0)} train "
+              f"images) | | | | | | |")
+        for r in rows:
+            size = r.get("size_bytes")
+            print(f"| {name} | {r['artifact']} | {_f(size and size / 1e6, '.2f')} | {_f(r.get('topk_agreement'), '.3f')} | "
+                  f"{_f(r.get('worst_cosine'), '.4f')} | {_f(r.get('knn_drop'), '+.3f')} | {_f(r.get('probe_drop'), '+.3f')} | "
+                  f"{r['gate']} |")
 
 
 if __name__ == "__main__":

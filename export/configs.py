@@ -56,6 +56,9 @@ class ValidateConfig:
     images: str = opt("", "extra folder of images to check with, besides the run's val split (any PIL-readable files)")
     max_images: int = opt(256, "cap on val images (and, separately, on --images files): enough for top-10 statistics, "
                                "and the reference evaluators run one image at a time")
+    max_train_images: int = opt(1024, "compressed artifacts' probe gate: cap on the run's train images (spread over "
+                                      "the split) each model fits its own probe on; each compressed artifact runs them "
+                                      "too, so the cap bounds validate's time")
     top_k: int = opt(10, "neighbours compared per query for retrieval agreement (clamped to images - 1)")
     fp32_max_abs: float = opt(1e-4, "fp32 artifacts: largest |artifact - PyTorch| allowed; fp32 summation order alone "
                                     "gives ~1e-6 on unit-length features")
@@ -67,8 +70,9 @@ class ValidateConfig:
                                            "fp32 encoder (docs/export.md, Compressed weights: the measurement)")
     compressed_max_knn_drop: float = opt(0.03, "compressed artifacts: largest drop in leave-one-out kNN top-1 on the "
                                                "labelled val images (fp32 encoder minus artifact)")
-    compressed_max_probe_drop: float = opt(0.03, "compressed artifacts: largest drop in top-1 of a linear probe "
-                                                 "fitted on the fp32 features and fed the artifact's")
+    compressed_max_probe_drop: float = opt(0.03, "compressed artifacts: largest drop in val top-1 of the artifact's "
+                                                 "own linear probe (fitted on its train features) against the fp32 "
+                                                 "encoder's own")
     compressed_min_cosine: float = opt(0.90, "compressed artifacts: worst per-image cosine to the fp32 feature; one "
                                              "image gone wrong, which the averages hide")
     coreml_runtime: str = opt("auto", "auto: also run the real Core ML runtime where it exists (macOS); off: never",

@@ -11,9 +11,15 @@ error under 1e-2 *and* keep the neighbours an app would retrieve.
 Compressed weights (8-bit, 6/4-bit palettized, pruned) move every feature by far more than fp16 storage, and an
 elementwise bound would only say so. What an app does with an embedding is retrieve neighbours and classify, so a
 compressed artifact is gated on exactly that, against the fp32 encoder, on labelled val images: top-k neighbour
-agreement, the drop in leave-one-out kNN top-1, the drop in top-1 of a linear probe fitted on the fp32 features
-and fed the artifact's (the classifier an app trained once keeps its answers), and the worst cosine, which catches
-one image gone wrong that the averages hide.
+agreement, the drop in leave-one-out kNN top-1, the drop in val top-1 of a linear probe, and the worst cosine,
+which catches one image gone wrong that the averages hide.
+
+The probe is the artifact's own, as an app's classifier is fitted on the features of the model it ships: fitted on
+the artifact's features of the run's train images and scored on its val features, against the fp32 encoder's own
+probe on its own features, with one C for both (chosen on the fp32 train rows by linear-eval's rule, train/probe.py).
+A probe fitted on fp32 features and fed the artifact's would measure something else: on an encoder whose features
+share one direction, the standardised near-constant dimensions make it fall to chance when every feature moves by
+1e-5, while each model's own probe answers as before.
 """
 
 from __future__ import annotations
@@ -72,40 +78,46 @@ def knn_top1(feats, labels, k: int) -> float | None:
     return float(np.mean(classes[counts.argmax(axis=1)] == labels))
 
 
-def probe_top1(ref, out, labels, seed: int = 0) -> tuple[float, float] | None:
-    """(top-1 on ref, top-1 on out) of linear probes fitted on ref's features: two folds, each fitted on one half
-    (stratified, seeded) and scored on the other, with the same probe fed both feature sets. None: too few images
-    (each class needs two, one per fold)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import StratifiedKFold
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
+def reference_probe(ref_train, train_labels, ref_val, val_labels, holdout_fraction: float, seed: int) -> dict | None:
+    """The fp32 encoder's own probe: C chosen on its train rows alone (train/probe.py's rule, as linear-eval), refit
+    on all of them, scored once on val. {"c", "selection", "top1"}; None when the train rows cannot train a probe
+    (fewer than two classes, or no class with two images to hold one out)."""
+    from train.probe import choose_c
 
-    labels = np.asarray(labels)
-    _, counts = np.unique(labels, return_counts=True)
-    if len(counts) < 2 or counts.min() < 2:
+    train_labels = np.asarray(train_labels)
+    _, counts = np.unique(train_labels, return_counts=True)
+    if len(counts) < 2 or counts.max() < 2:
         return None
-    r, a = _rows(ref), _rows(out)
-    hits_r = hits_a = 0
-    for fit, score in StratifiedKFold(2, shuffle=True, random_state=seed).split(r, labels):
-        probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(r[fit], labels[fit])
-        hits_r += int((probe.predict(r[score]) == labels[score]).sum())
-        hits_a += int((probe.predict(a[score]) == labels[score]).sum())
-    return hits_r / len(labels), hits_a / len(labels)
+    selection = choose_c(_rows(ref_train), train_labels, holdout_fraction, seed)
+    return {"c": selection["c"], "selection": selection,
+            "top1": probe_top1(ref_train, train_labels, ref_val, val_labels, selection["c"])}
+
+
+def probe_top1(train_x, train_labels, val_x, val_labels, c: float) -> float:
+    """Val top-1 of the probe (train/probe.py: StandardScaler + L2 logistic regression at inverse strength c)
+    fitted on these train rows alone."""
+    from train.probe import fit_probe
+
+    model = fit_probe(_rows(train_x), np.asarray(train_labels), c)
+    return float((model.predict(_rows(val_x)) == np.asarray(val_labels)).mean())
+
+
+def probe_metrics(reference: dict, out_train, train_labels, out_val, val_labels) -> dict:
+    """The artifact's own probe (fitted on its train features with the reference's C) against the fp32 encoder's:
+    probe_drop > 0 when the artifact's classifier answers worse."""
+    top1 = probe_top1(out_train, train_labels, out_val, val_labels, reference["c"])
+    return {"probe_c": reference["c"], "probe_top1_ref": reference["top1"], "probe_top1": top1,
+            "probe_drop": reference["top1"] - top1}
 
 
 def use_metrics(ref, out, labels, k: int) -> dict:
-    """What an app does with the embedding, fp32 encoder against artifact: kNN and linear-probe top-1 and their
-    drops (positive: the artifact answers worse). Empty without labels."""
+    """Leave-one-out kNN top-1 within the labelled val images, fp32 encoder against artifact, and the drop
+    (positive: the artifact answers worse). Empty without labels. The probe is probe_metrics: it needs train rows."""
     if labels is None or len(labels) < 2:
         return {}
     kr, ka = knn_top1(ref, labels, k), knn_top1(out, labels, k)
-    probe = probe_top1(ref, out, labels)
-    m = {"knn_k": min(k, len(labels) - 1), "knn_top1_ref": kr, "knn_top1": ka,
-         "knn_drop": None if kr is None else kr - ka}
-    if probe is not None:
-        m.update(probe_top1_ref=probe[0], probe_top1=probe[1], probe_drop=probe[0] - probe[1])
-    return m
+    return {"knn_k": min(k, len(labels) - 1), "knn_top1_ref": kr, "knn_top1": ka,
+            "knn_drop": None if kr is None else kr - ka}
 
 
 def compare(ref, out, top_k: int = 10) -> dict:

@@ -14,13 +14,11 @@ names with a suffix for that SPEC). The ways an SSL number gets inflated are clo
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import math
 import os
 import re
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -34,15 +32,10 @@ from train.configs import EvalConfig, PretrainConfig
 from train.data import ImageData, load_data, make_split, parse_spec
 from train.features import extract_features
 from train.knn import knn_scores, topk_accuracy
+from train.probe import C_GRID, CV_BELOW, CV_FOLDS, MAX_ITER, choose_c, fit_probe
 from train.runspec import build_model, read_run, read_split, recorded_split, seed_everything, store_size_for
 
-# Inverse L2 strengths on standardised features, a decade apart from strong to weak regularisation: five fits are
-# cheap next to feature extraction, and a finer grid would mostly fit the noise of a small held-out part.
-C_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
-CV_BELOW = 10  # below this many images in a class a held-out part is 1-2 of them: too few to rank C, so use k-fold
-CV_FOLDS = 5  # the usual k, capped at the smallest class's count so every fold holds out every class
 METRICS = ("top1", "top5", "knn_top1", "knn_majority_top1")
-MAX_ITER = 1000  # lbfgs needs tens of iterations on standardised features; the cap only stops pathologies
 MAX_EXTRA_UPSCALE = 2.0  # --data images may be upscaled at most this much more than the run's own images were
 NATIVE_SAMPLE = 1000  # folder images whose header is read to estimate the native size (evenly spaced, not random)
 CACHE_VERSION = 1
@@ -201,74 +194,6 @@ def cached_features(path: Path, backbone: torch.nn.Module, step: int, data: Imag
 
 
 # --- probes
-
-def holdout_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(fit, held-out) indices: per class, `fraction` of the images (at least 1) held out and at least 1 kept to
-    fit; deterministic in seed. Hand-written because StratifiedShuffleSplit draws one global fraction and fails
-    when that is smaller than the number of classes, as with a few labels per class."""
-    rng = np.random.default_rng(seed)
-    fit, held = [], []
-    for c in np.unique(labels):
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        n_held = min(len(idx) - 1, max(1, round(len(idx) * fraction)))
-        held.append(idx[:n_held])
-        fit.append(idx[n_held:])
-    return np.sort(np.concatenate(fit)), np.sort(np.concatenate(held))
-
-
-@functools.cache
-def _blas_controller():
-    """Built once: threadpool_limits rescans the loaded libraries on every call, a third of a few-label fit's time
-    (the k-fold selection makes hundreds). Called after sklearn is imported, so its BLAS is already loaded."""
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
-
-
-def fit_probe(x: np.ndarray, y: np.ndarray, c: float):
-    """StandardScaler (fitted on these rows only) + L2 logistic regression (lbfgs: deterministic)."""
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    model = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=MAX_ITER))
-    # One BLAS thread: the fit no longer depends on the core count (threaded sums round differently), and
-    # OpenBLAS's thread hand-offs cost more than they save at this size (measured on 2 busy cores: 8 ms vs
-    # 0.1 ms per L-BFGS step with 2k parameters).
-    with warnings.catch_warnings(), _blas_controller().limit(limits=1, user_api="blas"):
-        warnings.simplefilter("ignore", ConvergenceWarning)  # recorded per fit instead (n_iter == MAX_ITER)
-        model.fit(x, y)
-    return model
-
-
-def selection_splits(labels: np.ndarray, holdout_fraction: float, seed: int) -> tuple[str, list[tuple[np.ndarray, np.ndarray]]]:
-    """(method, [(fit, held-out) indices]). A class with 2 to CV_BELOW - 1 images: stratified k-fold, k = min(CV_FOLDS,
-    smallest class), so every image is held out exactly once; else one per-class held-out part (a full train split:
-    cheap and large enough; a class with one image cannot be in every fold)."""
-    smallest = int(np.unique(labels, return_counts=True)[1].min())
-    if not 2 <= smallest < CV_BELOW:
-        return "holdout", [holdout_split(labels, holdout_fraction, seed)]
-    from sklearn.model_selection import StratifiedKFold
-
-    folds = min(CV_FOLDS, smallest)
-    kfold = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    return f"stratified {folds}-fold", list(kfold.split(np.zeros((len(labels), 1)), labels))
-
-
-def choose_c(train_x: np.ndarray, train_y: np.ndarray, holdout_fraction: float, seed: int) -> dict:
-    """Model selection on the train rows alone (val is not an argument, so it cannot leak in): each C of the grid
-    is scored by its mean held-out top-1 over the splits of selection_splits; ties go to the smaller C (stronger L2)."""
-    method, splits = selection_splits(train_y, holdout_fraction, seed)
-    if len(splits[0][1]) == 0:
-        raise PipelineError("every class has a single labelled train image: none can be held out to choose C")
-    scores = {c: float(np.mean([(fit_probe(train_x[fit], train_y[fit], c).predict(train_x[held]) == train_y[held]).mean()
-                                for fit, held in splits])) for c in C_GRID}
-    best = max(C_GRID, key=lambda c: (scores[c], -c))
-    sizes = ({"fit_size": len(splits[0][0]), "holdout_size": len(splits[0][1])} if method == "holdout" else
-             {"fit_size_per_fold": [len(f) for f, _ in splits], "holdout_size_per_fold": [len(h) for _, h in splits]})
-    return {"c": best, "method": method, "holdout_top1_by_c": {f"{c:g}": s for c, s in scores.items()}, **sizes}
-
 
 def linear_probe(train_x, train_y, val_x, val_y, num_classes: int, holdout_fraction: float, seed: int) -> dict:
     """C chosen on train, refit on all of train with it, scored once on val. top5 is None with <= 5 classes,

@@ -45,6 +45,8 @@ def gates(cfg: ValidateConfig) -> dict[str, float]:
 def check(cfg: ValidateConfig) -> None:
     if cfg.max_images < 1:
         raise PipelineError(f"--max-images must be >= 1, got {cfg.max_images}")
+    if cfg.max_train_images < 1:
+        raise PipelineError(f"--max-train-images must be >= 1, got {cfg.max_train_images}")
     if cfg.top_k < 1:
         raise PipelineError(f"--top-k must be >= 1, got {cfg.top_k}")
     if not (cfg.fp32_max_abs >= 0 and cfg.fp16_max_rel_l2 >= 0):
@@ -58,14 +60,16 @@ def check(cfg: ValidateConfig) -> None:
 
 # ---------------------------------------------------------------- images, as an app hands them over
 
-def val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str]]:
-    """The run's val split, center view at the model's side, uint8 RGB N x 3 x S x S (the first `cap`)."""
-    return labelled_val_images(run_dir, size, cap)[:2]
+def spread(indices: list[int], cap: int) -> list[int]:
+    """At most `cap` of the indices, evenly spaced (all of them when they fit): a split stored in index order, which
+    for most sets is class order, keeps every class in the sample, where its first `cap` would keep the first few."""
+    n = len(indices)
+    return list(indices) if n <= cap else [indices[i * n // cap] for i in range(cap)]
 
 
-def labelled_val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str], np.ndarray | None]:
-    """val_images with the images' labels (None for an unlabelled folder): the compressed artifacts' kNN and
-    probe gates."""
+def split_images(run_dir: Path, size: int, part: str, cap: int) -> tuple[torch.Tensor, list[str], np.ndarray | None]:
+    """Up to `cap` images of one part ("train" or "val") of the run's recorded split (spread over it), center view
+    at the model's side, uint8 RGB N x 3 x S x S, with their sources and labels (None for an unlabelled set)."""
     from train.augment import center_views
     from train.data import load_data
     from train.runspec import read_run, recorded_split, store_size_for
@@ -73,11 +77,28 @@ def labelled_val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tenso
     cfg = read_run(run_dir)
     data = load_data(cfg.data, store_size_for(cfg), seed=cfg.seed)
     split = recorded_split(run_dir, data, "validate on a folder with --images")
-    idx = split["val"][:cap]
+    idx = spread(split[part], cap)
     images = center_views(data.images[torch.as_tensor(idx, dtype=torch.long)], size) if idx else \
         torch.empty(0, 3, size, size, dtype=torch.uint8)
     labels = data.labels[torch.as_tensor(idx, dtype=torch.long)].numpy() if data.labels is not None and idx else None
     return images.to(torch.uint8), [data.sources[i] for i in idx], labels
+
+
+def val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str]]:
+    """The run's val split (up to `cap`, spread over it), as an app hands images over."""
+    return split_images(run_dir, size, "val", cap)[:2]
+
+
+def labelled_val_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str], np.ndarray | None]:
+    """val_images with the images' labels (None for an unlabelled set): the compressed artifacts' kNN and probe
+    gates."""
+    return split_images(run_dir, size, "val", cap)
+
+
+def train_images(run_dir: Path, size: int, cap: int) -> tuple[torch.Tensor, list[str], np.ndarray | None]:
+    """Up to `cap` train images of the run's split with their labels: the rows each model's own probe is fitted
+    on (the compressed artifacts' probe gate). Never a val image: the split is the recorded one."""
+    return split_images(run_dir, size, "train", cap)
 
 
 def folder_images(folder: Path, size: int, cap: int, say=print) -> tuple[torch.Tensor, list[str]]:
@@ -109,9 +130,13 @@ def folder_images(folder: Path, size: int, cap: int, say=print) -> tuple[torch.T
 COMPUTE_UNITS = ("CPU_ONLY", "ALL")
 
 
+def is_compressed(entry: dict) -> bool:
+    return entry.get("compression") not in (None, compression.NONE)
+
+
 def gate_kind(entry: dict, actual: str | None, runtime: str) -> str:
     """Compressed weights are gated on use (export/parity.py); everything else by its precision."""
-    if entry.get("compression") not in (None, compression.NONE):
+    if is_compressed(entry):
         return "compressed"
     return gate_precision(entry["format"], entry.get("precision", "fp32"), actual, runtime)
 
@@ -203,6 +228,33 @@ def check_made_from(run_dir: Path, state: dict, artifacts: list[dict], encoder_s
                                 f"{encoder_path(run_dir)}: run `{again}`")
 
 
+def encode(encoder: torch.nn.Module, images: torch.Tensor) -> np.ndarray:
+    """The fp32 PyTorch reference features, 64 images at a time."""
+    with torch.no_grad():
+        return torch.cat([encoder(images[i: i + 64].float()) for i in range(0, len(images), 64)]).numpy()
+
+
+def probe_reference(cfg: ValidateConfig, run_dir: Path, size: int, encoder, ref_val: np.ndarray,
+                    val_labels: np.ndarray) -> tuple[dict, torch.Tensor | None, np.ndarray | None]:
+    """(what parity.json records of the probe gate, the train images every compressed artifact also runs, their
+    labels): the fp32 encoder's own probe on the run's train rows, C chosen on them by linear-eval's rule. Without
+    labelled train rows to fit on, the probe gate is not measured, and the record says why."""
+    from train.configs import EvalConfig
+    from train.runspec import read_run
+
+    images, sources, labels = train_images(run_dir, size, cfg.max_train_images)
+    if labels is None:
+        return {"measured": False, "why": "the run has no labelled train images"}, None, None
+    reference = parity.reference_probe(encode(encoder, images), labels, ref_val, val_labels,
+                                       EvalConfig().holdout_fraction, read_run(run_dir).seed)
+    if reference is None:
+        return {"measured": False, "why": "the train images hold fewer than 2 classes or one image a class"}, None, None
+    return {"measured": True, **reference,
+            "rule": "each model's own probe (train/probe.py), fitted on its features of the run's train images and "
+                    "scored on its val features; one C for all, chosen on the fp32 encoder's train rows alone",
+            "train_images": len(sources), "train_sources": sources}, images, labels
+
+
 def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     check(cfg)
     artifacts = listed_artifacts(run_dir)  # first: with nothing exported, `pipeline export` is what to run
@@ -213,8 +265,17 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     images, sources, n_val, labels = check_images(cfg, run_dir, size, say)
     say(f"validating {len(artifacts)} artifacts on {len(sources)} images ({n_val} val"
         f"{f', {len(sources) - n_val} from {cfg.images}' if cfg.images else ''}) at {size}x{size}")
-    with torch.no_grad():  # the fp32 PyTorch reference
-        ref = torch.cat([encoder(images[i: i + 64].float()) for i in range(0, len(images), 64)]).numpy()
+    ref = encode(encoder, images)
+    train, train_labels = None, None
+    if not any(is_compressed(e) for e in artifacts):
+        probe = {"measured": False, "why": "no compressed artifact"}
+    elif labels is None:
+        probe = {"measured": False, "why": "no labelled val images"}
+    else:
+        probe, train, train_labels = probe_reference(cfg, run_dir, size, encoder, ref[:n_val], labels)
+        if probe["measured"]:
+            say(f"probe gate: each model's own probe on {probe['train_images']} train images (C {probe['c']:g}, "
+                f"fp32 val top-1 {probe['top1']:.3f})")
 
     from core.coreml_runtime import coreml_can_predict
 
@@ -224,12 +285,23 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
         fmt, path = entry["format"], run_dir / rundir.EXPORT / str(entry["file"])
         if entry.get("sha256") and artifact_digest(path)[1] != entry["sha256"]:
             say(f"warning: {path} changed since `pipeline export` wrote it (sha256 differs from {SIDECAR})")
-        results, actual = outputs(fmt, path, images, real_ok)
+        probed = train is not None and is_compressed(entry)
+        batch = torch.cat([images, train]) if probed else images  # the train images after: one run per runtime
+        results, actual = outputs(fmt, path, batch, real_ok)
         for runtime, out in results:
             precision = gate_kind(entry, actual, runtime)
-            metrics = {"error": str(out)} if isinstance(out, PipelineError) else parity.compare(ref, out, cfg.top_k)
+            if isinstance(out, PipelineError):
+                metrics = {"error": str(out)}
+            elif len(out) != len(batch):
+                metrics = {"error": f"{len(out)} output rows for {len(batch)} images"}
+            else:
+                out = np.asarray(out)
+                metrics = parity.compare(ref, out[:len(images)], cfg.top_k)
             if "error" not in metrics:  # on the labelled val images (the first n_val): what the report plots
-                metrics.update(parity.use_metrics(ref[:n_val], np.asarray(out)[:n_val], labels, cfg.top_k))
+                metrics.update(parity.use_metrics(ref[:n_val], out[:n_val], labels, cfg.top_k))
+                if probed:
+                    metrics.update(parity.probe_metrics(probe, out[len(images):], train_labels,
+                                                        out[:n_val], labels))
             failures = parity.gate_failures(metrics, precision, **gates(cfg))
             rows.append(_row(entry, runtime, precision, metrics, failures, sources))
 
@@ -238,6 +310,7 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
         "images": {"count": len(sources), "val": n_val, "extra_folder": cfg.images or None, "sources": sources},
         "reference": "PyTorch fp32, export/encoder.pt (normalisation and L2 inside the model)",
         "coreml_runtime": "used" if real_ok else f"not used: {real_why}",
+        "probe": probe,
         "config": to_dict(cfg), "passed": all(r["passed"] for r in rows), "rows": rows,
         # what was validated, for `pipeline show` and `pipeline report` to tell a result of older files
         "checkpoint": provenance.of_encoder(state), "encoder_sha256": encoder_sha,

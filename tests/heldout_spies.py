@@ -71,10 +71,11 @@ def positions(rows, table) -> np.ndarray:
     return np.array([index.get(r.tobytes(), -1) for r in as64(rows)], dtype=np.int64)
 
 
-def assert_learned_from(seen: Seen, train_x, train_y, val_x) -> None:
+def assert_learned_from(seen: Seen, train_x, train_y, val_x, banks: bool = True) -> None:
     """Every fit, scaler and classifier learned from train rows only, with their own labels, and no val row; every
-    scaler and classifier ran inside a probe fit on that fit's rows; every kNN bank is the train rows themselves."""
-    assert seen.fits and seen.banks
+    scaler and classifier ran inside a probe fit on that fit's rows; every kNN bank is the train rows themselves
+    (banks=False: the learners had no bank to use, and none was made)."""
+    assert seen.fits and bool(seen.banks) == banks
     train_y = np.asarray(train_y)
     for i, (x, y) in enumerate(seen.fits):
         pos = positions(x, train_x)

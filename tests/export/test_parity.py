@@ -218,16 +218,78 @@ def test_knn_top1_matches_a_naive_loop(k):
     assert parity.knn_top1(feats, labels, k) == pytest.approx(_naive_knn_top1(feats, labels, k))
 
 
-def test_use_metrics_see_a_classifier_lose_its_answers():
+def test_use_metrics_see_knn_lose_its_answers():
     rng = np.random.default_rng(0)
     labels = np.repeat(np.arange(4), 20)
     ref = np.eye(4)[labels] * 3 + 0.3 * rng.standard_normal((80, 4))
     same = parity.use_metrics(ref, ref + 1e-6, labels, 10)
-    assert same["knn_drop"] == 0 and same["probe_drop"] == 0 and same["probe_top1_ref"] > 0.9
-    scrambled = ref[:, [1, 2, 3, 0]]  # every class answered as another
-    bad = parity.use_metrics(ref, scrambled, labels, 10)
-    assert bad["probe_drop"] > 0.5
+    assert same["knn_drop"] == 0 and same["knn_top1_ref"] > 0.9
+    shuffled = ref[rng.permutation(80)]  # every image answered with a random image's features
+    assert parity.use_metrics(ref, shuffled, labels, 10)["knn_drop"] > 0.5
     assert parity.use_metrics(ref, ref, None, 10) == {}
+
+
+def _unit(a):
+    return a / np.linalg.norm(a, axis=1, keepdims=True)
+
+
+def _one_direction(seed=0, n_train=240, n_val=120, classes=6, dim=48, quiet=32):
+    """Features like the trained MobileNet's: every image near one direction (mean cosine ~0.97), the class signal
+    in small deviations, and `quiet` dimensions whose spread (class signal included) is a hundredth of the others'.
+    (train features, train labels, val features, val labels)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((classes, dim)) * 0.03
+    spread = np.where(np.arange(dim) >= dim - quiet, 0.01, 1.0)
+    axis = np.eye(dim)[0]
+
+    def feats(y):
+        return _unit(axis + (centres[y] + 0.04 * rng.standard_normal((len(y), dim))) * spread)
+
+    ty, vy = np.arange(n_train) % classes, np.arange(n_val) % classes
+    return feats(ty), ty, feats(vy), vy
+
+
+def test_each_models_own_probe_keeps_its_answers_when_every_feature_moves_alike():
+    """The case the probe gate exists to get right: compressed weights move every image's feature by the same small
+    vector (cosine 0.99996, every neighbour kept). A probe fitted on the fp32 features and fed the moved ones loses
+    nearly half its answers, as the fp32-fitted gate measured; the artifact's own probe, fitted on its own train
+    features, answers as the fp32 encoder's own does."""
+    from train.probe import fit_probe
+
+    tr, ty, va, vy = _one_direction()
+    shift = np.where(np.arange(48) >= 16, np.random.default_rng(1).standard_normal(48) * 0.002, 0.0)
+    out_tr, out_va = _unit(tr + shift), _unit(va + shift)
+    ref = parity.reference_probe(tr, ty, va, vy, 0.2, seed=0)
+    m = parity.probe_metrics(ref, out_tr, ty, out_va, vy)
+    assert ref["top1"] > 0.95 and m["probe_top1_ref"] == ref["top1"] and m["probe_c"] == ref["c"]
+    assert m["probe_drop"] == 0.0
+    assert parity.per_image(va, out_va)["cosine"].min() > 0.9999 and parity.topk_agreement(va, out_va, 10) == 1.0
+    fp32_fitted = (fit_probe(tr, ty, ref["c"]).predict(out_va) == vy).mean()
+    assert ref["top1"] - fp32_fitted > 0.3  # what the fp32-fitted probe made of the same artifact
+
+
+@pytest.mark.parametrize("noise,fails", [(0.0, False), (0.03, True)])
+def test_each_models_own_probe_sees_an_artifact_lose_class_information(noise, fails):
+    """Noise of every image's own in the features (what pruning without fine-tuning does) takes information an own
+    probe cannot get back: its drop passes the gate at none and fails it at a few times the class signal's scale."""
+    tr, ty, va, vy = _one_direction(seed=2)
+    rng = np.random.default_rng(3)
+    out_tr, out_va = (_unit(x + noise * rng.standard_normal(x.shape)) for x in (tr, va))
+    m = parity.probe_metrics(parity.reference_probe(tr, ty, va, vy, 0.2, seed=0), out_tr, ty, out_va, vy)
+    failures = parity.gate_failures({"topk_agreement": 1.0, "top_k": 10, "worst_cosine": 1.0, **m}, "compressed",
+                                    **GATES, compressed_min_topk=0.8, compressed_max_knn_drop=0.03,
+                                    compressed_max_probe_drop=0.03, compressed_min_cosine=0.9)
+    if fails:
+        assert m["probe_drop"] > 0.1 and failures == [f"probe_drop {m['probe_drop']:.3f} > 0.03"]
+    else:
+        assert m["probe_drop"] == 0.0 and failures == []
+
+
+def test_no_reference_probe_without_two_classes_or_an_image_to_hold_out():
+    x = np.random.default_rng(0).standard_normal((6, 3))
+    assert parity.reference_probe(x, np.zeros(6), x, np.zeros(6), 0.2, 0) is None
+    assert parity.reference_probe(x[:3], np.arange(3), x, np.arange(6) % 3, 0.2, 0) is None  # one image a class
+    assert parity.reference_probe(x, np.arange(6) % 2, x, np.arange(6) % 2, 0.2, 0)["c"] is not None
 
 
 def test_compressed_gates_name_each_failed_metric():

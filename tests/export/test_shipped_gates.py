@@ -161,3 +161,29 @@ def test_a_metric_exactly_on_its_gate_passes():
 def test_fp16_needs_two_images_to_rank():
     one = parity.compare(np.ones((1, 4)), np.ones((1, 4)))
     assert parity.gate_failures(one, "fp16", **shipped_gates()) == ["top-k agreement needs at least 2 images"]
+
+
+
+@pytest.mark.parametrize("beyond", [False, True])
+def test_compressed_probe_drop_gate(beyond):
+    """Of 120 val images the artifact gives the last images (as many as the shipped bound allows, or one more) the
+    features of the next image, of another class; its train features are intact. Its own probe misses exactly those:
+    a drop of n / 120, just within or just beyond the bound, and only the probe gate is fed a moved value."""
+    rng = np.random.default_rng(5)
+    centres = rng.standard_normal((4, 16)) * 4
+    ty, vy = np.arange(240) % 4, np.arange(120) % 4
+    train, val = (_unit(centres[y] + 0.3 * rng.standard_normal((len(y), 16))) for y in (ty, vy))
+    bound = shipped_gates()["compressed_max_probe_drop"]
+    n = int(bound * 120 + 1e-9) + beyond
+    out_val = val.copy()
+    out_val[120 - n:] = val[[(i + 1) % 120 for i in range(120 - n, 120)]]
+    reference = parity.reference_probe(train, ty, val, vy, 0.2, seed=0)
+    m = parity.probe_metrics(reference, train, ty, out_val, vy)
+    assert reference["top1"] == 1.0 and m["probe_drop"] == pytest.approx(n / 120)
+    fails = parity.gate_failures({"topk_agreement": 1.0, "top_k": 10, "worst_cosine": 1.0, "knn_drop": 0.0, **m},
+                                 "compressed", **shipped_gates())
+    assert fails == ([f"probe_drop {m['probe_drop']:.3f} > {bound:g}"] if beyond else [])
+
+
+def _unit(x):
+    return x / np.linalg.norm(x, axis=1, keepdims=True)

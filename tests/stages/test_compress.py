@@ -111,12 +111,30 @@ def _view(run: Path, dst: Path, keep: list[str], replace: dict[str, Path] | None
     return dst
 
 
-def test_compressed_artifacts_are_gated_on_use(compressed_run, tmp_path):
+def test_compressed_artifacts_are_gated_on_use(compressed_run, tmp_path, monkeypatch):
+    """Each compressed artifact gets the gates on use, and its own probe: every probe fit (C's selection, the fp32
+    encoder's probe, each artifact's) holds the train rows of one model and no val row of any, each row checked
+    against every model's val features."""
+    import torch
+
+    from export.encoder import load_encoder
+    from export.formats import FORMATS
     from stages import validate
+    from tests.heldout_spies import positions, spy
+    from train.probe import C_GRID
 
     files = ["encoder.int8.mlpackage", "encoder.palettize-4.mlpackage", "encoder.palettize-4.mlmodel"]
     view = _view(compressed_run, tmp_path / "run", files)
-    result = validate.run(load_config(ValidateConfig, None, {"coreml_runtime": "off"}), view, say=_quiet)
+    cfg = load_config(ValidateConfig, None, {"coreml_runtime": "off"})
+    encoder, state = load_encoder(view / rundir.EXPORT / "encoder.pt")
+    val, _, _ = validate.labelled_val_images(view, int(state["image_size"]), cfg.max_images)
+    train, _, _ = validate.train_images(view, int(state["image_size"]), cfg.max_train_images)
+    both = torch.cat([val, train])
+    feats = {"fp32": validate.encode(encoder, both)}
+    for a in rundir.load_json(view / rundir.EXPORT / rundir.SIDECAR, "sidecar")["artifacts"]:
+        feats[a["file"]] = np.asarray(FORMATS[a["format"]].checker(view / rundir.EXPORT / a["file"], both)[1])
+    seen = spy(monkeypatch)
+    result = validate.run(cfg, view, say=_quiet)
     rows = {r["artifact"]: r for r in result["rows"]}
     assert set(rows) == set(files) and result["passed"]
     for r in rows.values():
@@ -124,6 +142,17 @@ def test_compressed_artifacts_are_gated_on_use(compressed_run, tmp_path):
         assert {"knn_top1_ref", "knn_top1", "knn_drop", "probe_top1_ref", "probe_top1", "probe_drop"} <= set(r)
     assert rows["encoder.int8.mlpackage"]["worst_cosine"] > rows["encoder.palettize-4.mlpackage"]["worst_cosine"]
     assert rows["encoder.palettize-4.mlmodel"]["runtime"].startswith("nn-eval")
+
+    probe, split = result["probe"], rundir.load_json(compressed_run / rundir.SPLIT, "split")
+    assert probe["measured"] and probe["train_sources"] == split["train_sources"]  # 48 train images: all, no val image
+    for r in rows.values():  # one fp32 probe and one C, each artifact's own probe against it
+        assert r["probe_top1_ref"] == probe["top1"] and r["probe_c"] == probe["c"]
+    assert len(seen.fits) == len(C_GRID) + 1 + len(files)
+    for x, _ in seen.fits:
+        assert all((positions(x, f[: len(val)]) < 0).all() for f in feats.values())
+        assert any((positions(x, f[len(val):]) >= 0).all() for f in feats.values())
+    own = seen.fits[-len(files):]  # in the sidecar's order, each on all of its own train rows
+    assert all(np.array_equal(x, feats[f][len(val):]) for (x, _), f in zip(own, [f for f in feats if f != "fp32"]))
 
     from stages import report
 

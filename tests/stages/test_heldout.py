@@ -28,7 +28,7 @@ import yaml
 from core import rundir
 from core.config import load_config, to_dict
 from core.errors import PipelineError
-from train import knn
+from train import knn, probe
 from stages import linear_eval as le
 from train.augment import center_views
 from train.configs import EvalConfig, PretrainConfig
@@ -57,7 +57,7 @@ def test_every_fit_scaler_and_bank_of_the_probes_is_train_rows_only(monkeypatch)
     le.probes(tx, ty, vx, vy, 4, load_config(EvalConfig), seed=0)
     assert_learned_from(seen, tx, ty, vx)
     assert len(selected) == 1 and np.array_equal(selected[0][0], tx.double().numpy())  # C chosen on train alone
-    assert len(seen.fits) == len(le.C_GRID) + 1  # one held-out part per C, then the refit
+    assert len(seen.fits) == len(probe.C_GRID) + 1  # one held-out part per C, then the refit
     final_x, final_y = seen.fits[-1]
     assert np.array_equal(final_x, tx.double().numpy()) and np.array_equal(final_y, ty)  # refit on all of train
     assert len(seen.banks) == 2  # weighted, majority
@@ -101,22 +101,22 @@ def test_few_label_draws_fit_and_vote_on_their_own_train_rows_only(monkeypatch):
     seen = spy(monkeypatch)
     le.few_label_probes(feats, ty, vy, 4, list("abcd"), cfg, seed=0)
     assert len(drawn) == 3
-    fits_per_probe, probe = len(le.C_GRID) * 3 + 1, 0  # 3 a class: stratified 3-fold for each C, then the refit
+    fits_per_probe, nth = len(probe.C_GRID) * 3 + 1, 0  # 3 a class: stratified 3-fold for each C, then the refit
     assert len(seen.fits) == 3 * 2 * fits_per_probe and len(seen.banks) == 3 * 2 * 2
     for d, (labels, rows) in enumerate(drawn):
         assert labels is ty  # drawn from the train labels, nothing else
         assert np.bincount(ty[rows]).tolist() == [3] * 4 and rows.max() < len(ty)
         for w in ("pretrained", "random"):
             part = feats[w][0][torch.as_tensor(rows)]
-            fits = seen.fits[probe * fits_per_probe:(probe + 1) * fits_per_probe]
+            fits = seen.fits[nth * fits_per_probe:(nth + 1) * fits_per_probe]
             for x, y in fits:  # every fit of this probe: rows of this draw only
                 pos = positions(x, part)
                 assert (pos >= 0).all() and np.array_equal(y, ty[rows][pos])
             assert np.array_equal(fits[-1][0], part.double().numpy())  # the refit: the whole draw
-            for bank, bank_y, queries in seen.banks[2 * probe: 2 * probe + 2]:
+            for bank, bank_y, queries in seen.banks[2 * nth: 2 * nth + 2]:
                 assert torch.equal(bank, part) and torch.equal(bank_y, torch.from_numpy(ty[rows]))
                 assert torch.equal(queries, feats[w][1])
-            probe += 1
+            nth += 1
     assert len(seen.scalers) == len(seen.classifiers) == len(seen.fits)  # each scaler on its own fit's rows
     assert all(at is not None and np.array_equal(x, seen.fits[at][0]) for x, at in seen.scalers)
 
@@ -132,11 +132,11 @@ def _noisy_eight_classes():
 def test_c_is_the_smallest_of_the_best_scored_on_held_out_train_rows():
     x, y, _, _ = _noisy_eight_classes()
     sel = le.choose_c(x, y, 0.2, seed=0)
-    _, splits = le.selection_splits(y, 0.2, seed=0)
-    scores = {c: np.mean([le.fit_probe(x[fit], y[fit], c).score(x[held], y[held]) for fit, held in splits]) for c in le.C_GRID}
+    _, splits = probe.selection_splits(y, 0.2, seed=0)
+    scores = {c: np.mean([probe.fit_probe(x[fit], y[fit], c).score(x[held], y[held]) for fit, held in splits]) for c in probe.C_GRID}
     best = max(scores.values())
     assert len(set(scores.values())) > 2 and sum(s == best for s in scores.values()) > 1  # the grid decides, with a tie
-    assert sel == {"c": min(c for c in le.C_GRID if scores[c] == best), "method": "holdout",
+    assert sel == {"c": min(c for c in probe.C_GRID if scores[c] == best), "method": "holdout",
                    "holdout_top1_by_c": {f"{c:g}": pytest.approx(s) for c, s in scores.items()},
                    "fit_size": len(splits[0][0]), "holdout_size": len(splits[0][1])}
     folds = le.choose_c(x[:24], y[:24], 0.2, seed=0)  # 3 a class: stratified 3-fold, sizes per fold
@@ -152,7 +152,7 @@ def test_the_linear_probe_scores_val_with_its_own_predictions(monkeypatch):
     never predicted, top-5 is reported above 5 classes only, and a fit stopped by MAX_ITER is recorded."""
     x, y, vx, vy = _noisy_eight_classes()
     res = le.linear_probe(x, y, vx, vy, 8, 0.2, seed=0)
-    model = le.fit_probe(x, y, res["selection"]["c"])
+    model = probe.fit_probe(x, y, res["selection"]["c"])
     ranked = model.classes_[np.argsort(-model.predict_proba(vx), axis=1, kind="stable")]
     hits = {k: float((ranked[:, :k] == vy[:, None]).any(axis=1).mean()) for k in (1, 2, 5, 6)}
     assert hits[1] < hits[2] and hits[5] < hits[6]  # the data tells k from k + 1
@@ -160,12 +160,13 @@ def test_the_linear_probe_scores_val_with_its_own_predictions(monkeypatch):
     assert res["selection"] == {**le.choose_c(x, y, 0.2, seed=0), "converged": True}
     seen = y != 7  # val images of a class the train rows lack
     missing = le.linear_probe(x[seen], y[seen], vx, vy, 8, 0.2, seed=0)
-    model = le.fit_probe(x[seen], y[seen], missing["selection"]["c"])
+    model = probe.fit_probe(x[seen], y[seen], missing["selection"]["c"])
     assert missing["top1"] == pytest.approx(float((model.predict(vx) == vy).mean()))
     for classes in (5, 6):
         rows, val_rows = y < classes, vy < classes
         top5 = le.linear_probe(x[rows], y[rows], vx[val_rows], vy[val_rows], classes, 0.2, seed=0)["top5"]
         assert (top5 is None) == (classes == 5), classes  # with 5 classes it would be 100 % whatever the features
+    monkeypatch.setattr(probe, "MAX_ITER", 2)
     monkeypatch.setattr(le, "MAX_ITER", 2)
     assert le.linear_probe(x, y, vx, vy, 8, 0.2, seed=0)["selection"]["converged"] is False
 
@@ -178,27 +179,27 @@ def test_the_probe_fits_at_its_c_on_one_blas_thread_and_stops_quietly_at_max_ite
 
     tx, ty, _, _ = _blobs()
     x = tx.double().numpy()
-    weights = [np.abs(le.fit_probe(x, ty, c)[-1].coef_).sum() for c in le.C_GRID]
+    weights = [np.abs(probe.fit_probe(x, ty, c)[-1].coef_).sum() for c in probe.C_GRID]
     assert weights == sorted(weights) and weights[0] < weights[-1] / 10
     threads = []
     real = LogisticRegression.fit
     monkeypatch.setattr(LogisticRegression, "fit", lambda self, *a, **k: threads.extend(
         i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas") or real(self, *a, **k))
-    monkeypatch.setattr(le, "MAX_ITER", 2)
+    monkeypatch.setattr(probe, "MAX_ITER", 2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        model = le.fit_probe(x, ty, 10.0)
+        model = probe.fit_probe(x, ty, 10.0)
     assert model[-1].n_iter_.max() == 2 and threads and set(threads) == {1}
 
 
 def test_selection_splits_hold_out_per_class_and_use_k_fold_for_small_classes():
     labels = np.repeat(np.arange(4), [1, 2, 10, 20])
     for fraction, held_per_class in ((0.1, [0, 1, 1, 2]), (0.5, [0, 1, 5, 10]), (0.99, [0, 1, 9, 19])):
-        fit, held = le.holdout_split(labels, fraction, seed=0)  # at least one held out, at least one left to fit
+        fit, held = probe.holdout_split(labels, fraction, seed=0)  # at least one held out, at least one left to fit
         assert sorted(np.concatenate([fit, held]).tolist()) == list(range(len(labels)))
         assert np.bincount(labels[held], minlength=4).tolist() == held_per_class, fraction
     for smallest, method in ((1, "holdout"), (2, "stratified 2-fold"), (9, "stratified 5-fold"), (10, "holdout")):
-        assert le.selection_splits(np.repeat([0, 1], [smallest, 20]), 0.2, seed=0)[0] == method, smallest
+        assert probe.selection_splits(np.repeat([0, 1], [smallest, 20]), 0.2, seed=0)[0] == method, smallest
 
 
 def test_per_class_subset_is_seeded_and_names_a_class_too_small_for_k():
@@ -245,6 +246,69 @@ def test_few_label_results_are_their_draws_seeded_by_the_run_seed(monkeypatch):
         assert (few[m], few["baseline"][m], few["gain"][m], few["gain_std"][m]) == pytest.approx(
             (np.mean(pre), np.mean(base), np.mean(diff), np.std(diff)))
         assert (few["std"]["pretrained"][m], few["std"]["baseline"][m]) == pytest.approx((np.std(pre), np.std(base)))
+
+
+# --- validate's probe gate: each model's own probe, on its own train rows
+
+def _two_models(seed=3):
+    """The fp32 encoder's rows and a compressed artifact's (the same images, every feature moved a little),
+    train then val, float64 as parity receives them."""
+    tx, ty, vx, vy = _blobs(seed=seed)
+    move = np.random.default_rng(seed).normal(size=tx.shape[1]) * 0.05
+    fp32 = (tx.double().numpy(), vx.double().numpy())
+    return fp32, (fp32[0] + move, fp32[1] + move), ty, vy
+
+
+def test_validates_probes_fit_each_models_own_train_rows_only(monkeypatch):
+    from export import parity
+    from train.probe import C_GRID
+
+    fp32, artifact, ty, vy = _two_models()
+    seen = spy(monkeypatch)
+    reference = parity.reference_probe(fp32[0], ty, fp32[1], vy, 0.2, seed=0)
+    assert len(seen.fits) == len(C_GRID) + 1  # C's selection on one held-out part of fp32's train rows, the refit
+    parity.probe_metrics(reference, artifact[0], ty, artifact[1], vy)
+    assert_learned_from(seen, np.concatenate([fp32[0], artifact[0]]), np.concatenate([ty, ty]),
+                        np.concatenate([fp32[1], artifact[1]]), banks=False)
+    *selection, fp32_refit, own = seen.fits
+    assert all((positions(x, fp32[0]) >= 0).all() for x, _ in selection)  # C: fp32's train rows, nothing else
+    assert np.array_equal(fp32_refit[0], fp32[0]) and np.array_equal(own[0], artifact[0])  # each its own, all of them
+
+
+def test_poisoned_val_rows_move_no_fit_and_no_c_of_validates_probes(monkeypatch):
+    from export import parity
+
+    fp32, artifact, ty, vy = _two_models(seed=4)
+    keep = len(vy) // 2
+    poisoned = [v.copy() for v in (fp32[1], artifact[1])]
+    for v in poisoned:
+        v[keep:] = 40 * np.random.default_rng(9).normal(size=v[keep:].shape)
+    runs = []
+    for val, labels in (((fp32[1], artifact[1]), vy), (poisoned, np.where(np.arange(len(vy)) < keep, vy, (vy + 1) % 4))):
+        with monkeypatch.context() as m:
+            seen = spy(m)
+            reference = parity.reference_probe(fp32[0], ty, val[0], labels, 0.2, seed=0)
+            metrics = parity.probe_metrics(reference, artifact[0], ty, val[1], labels)
+        runs.append((seen, reference, metrics))
+    (clean, ref_clean, m_clean), (dirty, ref_dirty, m_dirty) = runs
+    assert ref_clean["selection"] == ref_dirty["selection"] and len(clean.fits) == len(dirty.fits)
+    for (a, ay), (b, by) in zip(clean.fits, dirty.fits):
+        assert np.array_equal(a, b) and np.array_equal(ay, by)
+    assert m_clean["probe_top1"] != m_dirty["probe_top1"]  # the poisoned rows were scored: the check can see them
+
+
+def test_validates_probe_images_are_train_images_of_the_split_spread_over_it(tmp_path):
+    from stages import validate
+
+    run, split, _, data = _run_dir(tmp_path)
+    for cap in (3, 256):
+        images, sources, labels = validate.train_images(run, 8, cap)
+        idx = validate.spread(split["train"], cap)
+        assert len(idx) == min(cap, len(split["train"])) and set(idx) <= set(split["train"])
+        assert sources == [data.sources[i] for i in idx] and set(sources).isdisjoint(split["val_sources"])
+        assert torch.equal(images, center_views(data.images[torch.as_tensor(idx)], 8))
+        assert list(labels) == data.labels[torch.as_tensor(idx)].tolist()
+    assert validate.spread(list(range(0, 100, 2)), 5) == [0, 20, 40, 60, 80]  # evenly over the split, not its head
 
 
 # --- a stand-in backbone: features are a fixed linear map of the pixels, so identical images give identical rows
@@ -576,8 +640,9 @@ def test_validate_checks_with_the_val_images_of_the_split(tmp_path):
     run, split, _, data = _run_dir(tmp_path)
     for cap in (5, 256):
         images, sources = validate.val_images(run, 8, cap)
-        idx = split["val"][:cap]
-        assert sources == split["val_sources"][:cap] and set(sources).isdisjoint(split["train_sources"])
+        idx = validate.spread(split["val"], cap)
+        assert sources == [data.sources[i] for i in idx] and set(sources).isdisjoint(split["train_sources"])
+        assert set(idx) <= set(split["val"]) and len(idx) == min(cap, len(split["val"]))
         assert torch.equal(images, center_views(data.images[torch.as_tensor(idx)], 8))
     images, sources, n_val, labels = validate.check_images(load_config(validate.ValidateConfig), run, 8, lambda *_: None)
     assert n_val == len(sources) == len(split["val"]) and sources == split["val_sources"]

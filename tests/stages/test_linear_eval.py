@@ -15,7 +15,7 @@ from core import rundir
 from pipeline.cli import main
 from core.errors import PipelineError
 from stages import linear_eval as le
-from train import configs, runspec, training
+from train import configs, probe, runspec, training
 from train.backbones import build_backbone
 from train.data import ImageData
 from train.features import extract_features
@@ -123,28 +123,28 @@ def test_model_selection_is_blind_to_val(monkeypatch):
 
 def test_holdout_split_is_per_class_and_works_with_few_labels():
     y = np.repeat(np.arange(10), 2)  # 2 per class: a global 20% (4 images) could not cover 10 classes
-    fit, held = le.holdout_split(y, 0.2, seed=0)
+    fit, held = probe.holdout_split(y, 0.2, seed=0)
     assert sorted(np.concatenate([fit, held]).tolist()) == list(range(20))
     assert np.bincount(y[held]).tolist() == [1] * 10 and np.bincount(y[fit]).tolist() == [1] * 10
 
 
 def test_few_labels_choose_c_by_stratified_cv_holding_each_row_out_once(monkeypatch):
     x, y = _blobs(50, seed=3)  # 5 a class: one held-out part would be 1 image a class, and every C would tie
-    method, splits = le.selection_splits(y, 0.2, seed=0)
+    method, splits = probe.selection_splits(y, 0.2, seed=0)
     assert method == "stratified 5-fold" and len(splits) == 5
     assert sorted(np.concatenate([held for _, held in splits]).tolist()) == list(range(50))  # each row once
     for fit, held in splits:
         assert sorted(np.concatenate([fit, held]).tolist()) == list(range(50))
         assert np.bincount(y[held]).tolist() == [1] * 10  # stratified: every class in every fold
     sizes = []
-    real = le.fit_probe
-    monkeypatch.setattr(le, "fit_probe", lambda fx, fy, c: sizes.append(len(fx)) or real(fx, fy, c))
-    sel = le.choose_c(x, y, 0.2, seed=0)
-    assert sel["method"] == "stratified 5-fold" and sel["c"] in le.C_GRID
+    real = probe.fit_probe
+    monkeypatch.setattr(probe, "fit_probe", lambda fx, fy, c: sizes.append(len(fx)) or real(fx, fy, c))
+    sel = probe.choose_c(x, y, 0.2, seed=0)
+    assert sel["method"] == "stratified 5-fold" and sel["c"] in probe.C_GRID
     assert sel["fit_size_per_fold"] == [40] * 5 and sel["holdout_size_per_fold"] == [10] * 5
-    assert sizes == [40] * 5 * len(le.C_GRID)  # every C scored on every fold
-    assert le.selection_splits(np.repeat(np.arange(10), 3), 0.2, 0)[0] == "stratified 3-fold"
-    assert le.selection_splits(np.repeat(np.arange(10), le.CV_BELOW), 0.2, 0)[0] == "holdout"
+    assert sizes == [40] * 5 * len(probe.C_GRID)  # every C scored on every fold
+    assert probe.selection_splits(np.repeat(np.arange(10), 3), 0.2, 0)[0] == "stratified 3-fold"
+    assert probe.selection_splits(np.repeat(np.arange(10), probe.CV_BELOW), 0.2, 0)[0] == "holdout"
 
 
 def _features(n_train=48, n_val=60, classes=6):
