@@ -41,7 +41,7 @@ run() {  # name, config, pretrain flags...
 }
 want() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
 photos_set() {
-  [ -d "$OUT/sets/photos" ] || nice $PY benchmarks/recipe_datasets.py "$OUT/sets" --only photos
+  [ -d "$OUT/sets/photos" ] || nice $PY benchmarks/recipe_datasets.py "$OUT/sets" --only photos >&2  # only the SPEC goes to stdout: the caller reads it
   echo "folder:$OUT/sets/photos/train"
 }
 RESNET="--backbone resnet18 --image-size 32 --small-stem on"
