@@ -32,6 +32,7 @@ SMALL_STEM_MAX_SIZE = 64  # at or below this, the ImageNet stem (stride 4 before
 MAX_IMAGE_SIZE = 1024  # any larger side is a mistake here, not a photo: refused by name
 VIT_PATCH = 16  # the patch of every torchvision ViT named *_16
 VIT_SMALL_PATCH = 4
+BN_MOMENTUM = 0.1  # every BatchNorm's running-statistics momentum (PyTorch's default), whatever torchvision chose
 
 
 def _resnet(name: str, small_stem: bool) -> nn.Module:
@@ -57,6 +58,13 @@ def _mobile(name: str, small_stem: bool) -> nn.Module:
     net = getattr(torchvision.models, name)(weights=None)
     if small_stem:
         net.features[0][0].stride = (1, 1)  # same weights and init; only the first downsampling goes
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            # torchvision builds MobileNetV3's BatchNorms with momentum 0.01, an ImageNet-length run's: after the
+            # few hundred steps of a run here the running statistics still hold 0.99**steps of their init (0, 1),
+            # and in eval mode every image's features then share one direction (docs/recipes.md). PyTorch's
+            # default 0.1 forgets the init within ~40 steps. EfficientNet's are 0.1 already.
+            m.momentum = BN_MOMENTUM
     net.classifier = nn.Identity()
     return net
 
