@@ -58,13 +58,6 @@ def _mobile(name: str, small_stem: bool) -> nn.Module:
     net = getattr(torchvision.models, name)(weights=None)
     if small_stem:
         net.features[0][0].stride = (1, 1)  # same weights and init; only the first downsampling goes
-    for m in net.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            # torchvision builds MobileNetV3's BatchNorms with momentum 0.01, an ImageNet-length run's: after the
-            # few hundred steps of a run here the running statistics still hold 0.99**steps of their init (0, 1),
-            # and in eval mode every image's features then share one direction (docs/recipes.md). PyTorch's
-            # default 0.1 forgets the init within ~40 steps. EfficientNet's are 0.1 already.
-            m.momentum = BN_MOMENTUM
     net.classifier = nn.Identity()
     return net
 
@@ -187,9 +180,23 @@ def build_from_args(name: str, args: dict) -> tuple[nn.Module, int]:
     """(backbone, feature dim) from recorded builder arguments. weights=None: random init, never a download."""
     spec = row(name)
     try:
-        return spec.build(**args), spec.feat_dim
+        net = spec.build(**args)
     except TypeError:
         raise PipelineError(f"builder arguments {args} do not fit {name}: the file was written for another backbone") from None
+    _set_batch_norm_momentum(net)
+    return net, spec.feat_dim
+
+
+def _set_batch_norm_momentum(net: nn.Module) -> None:
+    """Every BatchNorm of every backbone at BN_MOMENTUM. torchvision builds MobileNetV3's with 0.01, an
+    ImageNet-length run's: after the few hundred steps of a run here the running statistics still hold
+    0.99**steps of their init (0, 1), and in eval mode every image's features then share one direction
+    (docs/recipes.md); 0.1 forgets the init within ~40 steps. Set here, for whatever a row's builder made."""
+    from torch import nn
+
+    for m in net.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.momentum = BN_MOMENTUM
 
 
 def build_backbone(name: str, small_stem: bool, image_size: int | None = None) -> tuple[nn.Module, int]:
