@@ -35,7 +35,7 @@ ENCODER = "export/encoder.pt"  # the stripped backbone (`pipeline strip`), what 
 # checkpoints/*.pt keys: `pipeline pretrain` writes them, --resume, strip and linear-eval read them.
 CKPT_MODEL, CKPT_OPTIMIZER, CKPT_SCHEDULER, CKPT_SCALER = "model", "optimizer", "scheduler", "scaler"
 CKPT_STEP, CKPT_EPOCHS_DONE, CKPT_RNG, CKPT_CONFIG, CKPT_META = "step", "epochs_done", "rng", "config", "meta"
-CKPT_ID = "id"  # fresh at every write: what each file made from the checkpoint records (core/provenance.py)
+CKPT_ID = "id"  # a hash of the weights: what each file made from the checkpoint records (core/provenance.py)
 SIDECAR = "encoder.json"  # in export/: every artifact with its format, size and sha256 (the Swift demo reads it)
 TRACE_INFO = "trace.json"  # in export/: which tracer made the graph, from which encoder.pt (`pipeline trace`)
 TRACED = {"torch.export": "encoder.pt2", "jit.trace": "encoder.ts"}  # in export/: the one traced graph, by tracer
@@ -96,9 +96,9 @@ def write_json_atomic(path: Path | str, obj: Any) -> None:
 def torch_save_atomic(path: Path | str, obj: Any) -> None:
     import torch
 
-    with atomic_path(path) as tmp:
-        try:
-            torch.save(obj, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        try:  # into a file object: torch then names the zip's folder "archive/", not after the temp file
+            torch.save(obj, f)
         except RuntimeError as e:  # torch's zip writer reports a failed write ("unexpected pos") without an errno
             raise PipelineError(not_written(Path(path), f"write failed ({str(e).strip().splitlines()[-1]})")) from None
 

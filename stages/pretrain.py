@@ -58,11 +58,12 @@ class Checkpoints:
         if not self.main:
             return
         t = self.training
+        model = t.model.state_dict()
         rundir.torch_save_atomic(path, {
-            rundir.CKPT_MODEL: t.model.state_dict(), rundir.CKPT_OPTIMIZER: t.optimizer.state_dict(),
+            rundir.CKPT_MODEL: model, rundir.CKPT_OPTIMIZER: t.optimizer.state_dict(),
             rundir.CKPT_SCHEDULER: t.scheduler.state_dict(), rundir.CKPT_SCALER: t.scaler.state_dict(),
             rundir.CKPT_STEP: step, rundir.CKPT_EPOCHS_DONE: epochs_done, rundir.CKPT_RNG: rng_state(),
-            rundir.CKPT_CONFIG: to_dict(self.cfg), rundir.CKPT_ID: provenance.new_id(),
+            rundir.CKPT_CONFIG: to_dict(self.cfg), rundir.CKPT_ID: provenance.weights_id(model),
             rundir.CKPT_META: {**self.meta, "wall_s": self.wall_before + time.perf_counter() - self.started},
         })
 

@@ -120,7 +120,8 @@ def run(cfg: StripConfig, run_dir: Path, say=print) -> dict:
         "metadata": {"method": pcfg.method, "run_id": run_dir.resolve().name, "step": ckpt.get(rundir.CKPT_STEP),
                      "checkpoint_id": ckpt.get(rundir.CKPT_ID),
                      "epochs_done": ckpt.get(rundir.CKPT_EPOCHS_DONE), "epochs": pcfg.epochs, "data": pcfg.data,
-                     "seed": pcfg.seed, "pipeline_version": __version__, "checkpoint": str(ckpt_path),
+                     "seed": pcfg.seed, "pipeline_version": __version__,
+                     "checkpoint": rundir.LAST_CHECKPOINT,  # in the run: an absolute path would differ per clone
                      "frozen_parameters": meta.get("frozen_parameters", []), **dropped, "proof": proof},
     }
     out = encoder_path(run_dir)

@@ -30,6 +30,21 @@ def _pretrained(tmp_path: Path, overrides: dict, name: str = "run") -> Path:
     return out
 
 
+def test_the_same_training_gives_the_same_encoder_bytes_wherever_it_runs(tmp_path, monkeypatch):
+    """encoder.pt's hash names the model in files made from it (the Swift demo's golden fixtures): two runs of one
+    config, in other folders, give the same bytes; other weights give another checkpoint id."""
+    shas, ids = [], []
+    for where in ("a", "b/deeper"):
+        monkeypatch.chdir((tmp_path / where).mkdir(parents=True) or tmp_path / where)
+        pretrain_tiny(Path("run"), max_steps=2)
+        run(StripConfig(), Path("run").resolve(), say=lambda *_: None)
+        shas.append(rundir.file_sha256(encoder_path(Path("run"))))
+        ids.append(torch.load(Path("run") / rundir.LAST_CHECKPOINT, weights_only=False)[rundir.CKPT_ID])
+    assert shas[0] == shas[1] and ids[0] == ids[1]
+    pretrain_tiny(tmp_path / "other", max_steps=2, seed=1)
+    assert torch.load(tmp_path / "other" / rundir.LAST_CHECKPOINT, weights_only=False)[rundir.CKPT_ID] != ids[0]
+
+
 # SimCLR (projector only) is stripped in every export test (tests/stages/test_export.py checks its dropped modules).
 @pytest.mark.parametrize("method", ["byol", "mocov3"])
 def test_strip_keeps_the_backbone_only_with_equal_features(tmp_path, tiny_overrides, method):
