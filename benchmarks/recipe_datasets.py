@@ -16,7 +16,7 @@ packages' bundled images, each with a held-out eval split that shares no source 
 - photos: colour patches of ten photographs bundled with scikit-image (astronaut, chelsea, coffee, rocket, retina,
   immunohistochemistry, motorcycle), scikit-learn (china, flower) and matplotlib (grace_hopper), split the same way.
 
-No downloads: every source ships inside its wheel (scikit-image is in the project's `bench` extra). Deterministic
+No downloads: every source ships inside its wheel (scikit-image is among the project's dependencies). Deterministic
 for a seed. Default sizes keep each set near 4,300-4,500 train images: 8 steps an epoch at batch 512, so the whole
 GPU grid of benchmarks/recipes_gpu.sh fits in about 12 minutes.
 """
@@ -84,15 +84,6 @@ def _texture_sources() -> dict[str, np.ndarray]:
     return pics
 
 
-def _photo_sources() -> dict[str, np.ndarray]:
-    import skimage.data as sk
-
-    pics = {n: getattr(sk, n)() for n in ("astronaut", "chelsea", "coffee", "rocket", "retina", "immunohistochemistry")}
-    pics["motorcycle"] = sk.stereo_motorcycle()[0]
-    pics.update(photos.photographs())  # china, flower, grace_hopper: the `photos` SPEC's three
-    return {k: v[..., :3] for k, v in pics.items()}
-
-
 def build_patches(root: Path, pics: dict[str, np.ndarray], per_class: int, eval_per_class: int,
                   rng: np.random.Generator) -> None:
     for name, pic in pics.items():
@@ -110,7 +101,7 @@ def build_all(out: Path, per_class: int = 450, eval_per_class: int = 100, seed: 
         "digits": lambda root, rng: build_digits(root, rng),
         "digits-sizes": lambda root, rng: build_digits_sizes(root, rng),
         "textures": lambda root, rng: build_patches(root, _texture_sources(), per_class, eval_per_class, rng),
-        "photos": lambda root, rng: build_patches(root, _photo_sources(), per_class, eval_per_class, rng),
+        "photos": lambda root, rng: build_patches(root, photos.photographs(), per_class, eval_per_class, rng),
     }
     done = []
     for name in names:

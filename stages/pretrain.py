@@ -195,7 +195,9 @@ def setup(cfg: PretrainConfig, run_dir: Path, resume: bool, say) -> Run:
         rundir.write_text_atomic(run_dir / rundir.METRICS, "".join(
             line for line in logged if line.endswith("\n") and json.loads(line)["step"] <= step))
     # Said only now, after every check of the input above: a bad input's error stays the one line printed.
-    say(f"recipe {recipe} ({recipe_why}): {recipes.source(recipe, cfg.method, cfg.backbone)}")
+    over = {k: getattr(cfg, k) for k, v in recipes.values(recipe, cfg.method, cfg.backbone).items() if getattr(cfg, k) != v}
+    said_over = f"; set over it: {', '.join(f'{k} {v}' for k, v in over.items())}" if over else ""
+    say(f"recipe {recipe} ({recipe_why}): {recipes.source(recipe, cfg.method, cfg.backbone)}{said_over}")
     if data.skipped:
         say(f"warning: skipped {n_files(len(data.skipped))} of {cfg.data} that are not readable images: "
             f"{named(data.skipped, Path(cfg.data.partition(':')[2]))} (all listed in {run_dir / rundir.SKIPPED})")

@@ -1,7 +1,7 @@
 """Datasets by SPEC, decoded once into one uint8 tensor.
 
-SPECs: `photos` (patches of three photographs bundled in scikit-learn and matplotlib, train/photos.py: the
-no-download default), `digits` (scikit-learn's bundled 8 x 8 digits), `folder:PATH` (class subfolders, or a
+SPECs: `photos` (patches of ten photographs bundled in scikit-learn, matplotlib and scikit-image, train/photos.py:
+the no-download default), `digits` (scikit-learn's bundled 8 x 8 digits), `folder:PATH` (class subfolders, or a
 flat folder for label-free pretraining), `cifar10:PATH` / `cifar100:PATH` (the python-pickle batches as
 distributed), `synthetic:N` (generated, labelled, for tests).
 

@@ -16,6 +16,7 @@ from train.methods import byol, mocov3, simclr
 from train.configs import PretrainConfig
 from train.method_spec import Recipe
 from train.runspec import config_for_run, resolve
+from tests.tiny_run import TINY
 
 
 @pytest.mark.parametrize("n_train, steps, size, expected", [
@@ -87,6 +88,18 @@ def test_a_run_states_and_records_the_recipe_it_chose(tmp_path, tiny_overrides):
     # A resumed run keeps its recipe (the views depend on it): asking for another is refused.
     with pytest.raises(PipelineError, match="`recipe` is 'small'"):
         config_for_run(None, {"recipe": "paper"}, out, True)
+
+
+def test_a_run_names_the_values_it_sets_over_its_recipe(tmp_path, tiny_overrides):
+    """configs/default.yaml sets temperature 0.2 over the `small` recipe's 0.5: the recipe line must not leave the
+    reader believing the recipe's value ran."""
+    said = []
+    over = {**tiny_overrides, "method": "simclr", "recipe": "small", "temperature": 0.2, "max_steps": 1}
+    pretrain.run(config_for_run(None, over, tmp_path / "run", False), tmp_path / "run", say=said.append)
+    line = said[0].split("; set over it: ")
+    assert line[0].endswith(recipes.source("small", "simclr")) and "T 0.5" in line[0]
+    assert set(line[1].split(", ")) == {"temperature 0.2", f"proj_dim {TINY['proj_dim']}",
+                                        f"proj_hidden_dim {TINY['proj_hidden_dim']}"}
 
 
 def test_train_count_matches_the_split(tmp_path):
