@@ -26,7 +26,8 @@ from core.errors import PipelineError
 
 def weights_id(state_dict: dict) -> str:
     """A checkpoint's id: a hash of its model's tensors (names, dtypes, shapes, bytes). It draws nothing, so the
-    training's RNG streams are untouched; blake2b hashes ResNet-50's 100 MB in ~0.1 s, once per checkpoint write."""
+    training's RNG streams are untouched. Once per checkpoint write: ResNet-50's 102 MB of weights took 0.22-0.35 s
+    on 2 busy cores."""
     import torch  # here, not at the top: the CLI's light commands import this module without torch
 
     h = hashlib.blake2b(digest_size=8)

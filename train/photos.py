@@ -28,6 +28,7 @@ VAL_PER_CLASS = 60
 SET_SEED = 0  # one set for every run
 # scikit-image's photographs by their loader's name: the bundled files, never its downloadable ones
 SKIMAGE = ("astronaut", "chelsea", "coffee", "rocket", "retina", "immunohistochemistry")
+CLASSES = ("china", "flower", "grace_hopper", *SKIMAGE, "motorcycle")  # one per photograph, in label order
 
 
 def photographs() -> dict[str, np.ndarray]:
@@ -41,7 +42,7 @@ def photographs() -> dict[str, np.ndarray]:
         pics["grace_hopper"] = np.asarray(Image.open(f).convert("RGB"))
     pics.update({name: getattr(skimage.data, name)() for name in SKIMAGE})
     pics["motorcycle"] = skimage.data.stereo_motorcycle()[0]
-    return {k: np.ascontiguousarray(v[..., :3]) for k, v in pics.items()}
+    return {name: np.ascontiguousarray(pics[name][..., :3]) for name in CLASSES}
 
 
 def patches(pic: np.ndarray, n: int, x0: int, x1: int, rng: np.random.Generator, out_size: int,
@@ -59,7 +60,7 @@ def patches(pic: np.ndarray, n: int, x0: int, x1: int, rng: np.random.Generator,
 
 
 def class_names() -> list[str]:
-    return ["china", "flower", "grace_hopper", *SKIMAGE, "motorcycle"]
+    return list(CLASSES)
 
 
 def build(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], list[str]]:
