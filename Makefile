@@ -24,7 +24,11 @@ SWIFT ?= $(shell command -v swift || echo /opt/swift/usr/bin/swift)
 .PHONY: all install test test-portable clean-run swift-fixtures browser mutation
 # It ends with the tables, the report, where the model is and the one step that puts it in the iPad demo.
 IPAD_APP := swift_demo/EmbeddingDemoApp.swiftpm
-all: $(RUN)/report.html
+# The stages run by a second make with two jobs: strip and trace go beside linear-eval, whose probes fit on one
+# core (train/probe.py), and nothing else changes order. Without --output-sync: it would hold pretraining's
+# progress bar until the stage ends.
+all:
+	@$(MAKE) --no-print-directory -j2 $(RUN)/report.html
 	@$(BIN)/pipeline show --run $(RUN)
 	@echo "model: $(RUN)/export/encoder.mlmodel (one file; beside it encoder.mlpackage, encoder.onnx, encoder.json)"
 	@echo "next: open $(IPAD_APP) in Xcode or Swift Playgrounds, run it and import $(RUN)/export/encoder.mlmodel (docs/ipad-demo.md)"
