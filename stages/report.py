@@ -639,11 +639,11 @@ table.num td:not(:first-child) { text-align: right; font-variant-numeric: tabula
 table.card td:first-child { color: #5b6670; white-space: nowrap; } table.card th { display: none; }
 table.meta td { font-size: 12px; } code.sha { font-size: 11px; }
 img { max-width: 100%; } img.px { image-rendering: pixelated; }
-table.grid td { padding: 2px; border: none; text-align: center; } table.grid figure { margin: 0; }
-table.grid img { width: 56px; height: 56px; object-fit: cover; border: 3px solid transparent; display: block; }
+table.grid td { padding: 2px; border: none; text-align: center; min-width: 62px; } table.grid figure { margin: 0; }
+table.grid img { width: 56px; height: 56px; object-fit: cover; border: 3px solid transparent; display: block;
+max-width: none; margin: 0 auto; }
 table.grid figure.ok img { border-color: #2e9e55; } table.grid figure.bad img { border-color: #d64541; }
 table.grid img.query { border-color: #1d232a; } table.grid figcaption { font-size: 11px; overflow-wrap: anywhere; }
-table.grid td { min-width: 62px; } table.grid img { max-width: none; margin: 0 auto; }
 table.grid td:nth-child(7) { border-left: 2px solid #c7ced4; }
 th.pretrained { color: #1f6fb5; } th.random { color: #d9822b; }
 .worst { display: flex; gap: 14px; align-items: center; margin: 6px 0; } .worst figure { margin: 0; text-align: center; }
