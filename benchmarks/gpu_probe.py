@@ -3,8 +3,9 @@
 
 1. parity: device_augment on CUDA (fp32, and the fp16 it trains with) vs the CPU reference (augment.apply_view),
    same parameter rows: max |diff| over all pixels;
-2. GPU time of one step's views (both views, whole batch, CUDA events) for docs/benchmarks.md's two configurations, and the
-   top kernels by GPU time (torch.profiler).
+2. time of one step's views (both views, whole batch, CUDA events) for docs/benchmarks.md's two configurations,
+   eager and replayed as CUDA graphs; the two give the same views; each one's host time to launch a step, its GPU
+   time and its top kernels by GPU time (torch.profiler).
 """
 
 import time
@@ -32,36 +33,52 @@ for src, out, method in [(32, 32, "simclr"), (256, 224, "byol")]:
 for method, src, out, batch in [("simclr", 256, 224, 256), ("simclr", 32, 32, 512)]:
     images = torch.randint(0, 256, (batch * 8, 3, src, src), dtype=torch.uint8, device=dev)
     recipes = augment.recipes_for(method, out)
-    gen = device_augment.device_view_batches(images, recipes, out, batch, 0, 0, 0, dev, channels_last=True)
-    t0 = time.perf_counter()
-    next(gen)
-    torch.cuda.synchronize()
-    print(f"\n{method} {src}->{out} batch {batch}: first step's views (compiles) {time.perf_counter() - t0:.1f} s")
-    for _ in range(2):
+    for graphs in (False, True):
+        gen = device_augment.device_view_batches(images, recipes, out, batch, 0, 0, 0, dev, channels_last=True,
+                                                 graphs=graphs)
+        t0 = time.perf_counter()
         next(gen)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        next(gen)
-    end.record()
-    torch.cuda.synchronize()
-    print(f"{method} {src}->{out} batch {batch}: one step's views {start.elapsed_time(end) / 3:.2f} ms (events, host included)")
+        torch.cuda.synchronize()
+        how = "graphed" if graphs else "eager"
+        print(f"\n{method} {src}->{out} batch {batch}, {how}: first step's views (compiles) {time.perf_counter() - t0:.1f} s")
+        for _ in range(2):
+            next(gen)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            next(gen)
+        end.record()
+        torch.cuda.synchronize()
+        print(f"{method} {src}->{out} batch {batch}, {how}: one step's views {start.elapsed_time(end) / 5:.2f} ms (events, host included)")
+        gen.close()
     # One step's views on this thread's stream (the generator makes them on a worker thread's side stream, which
     # the profiler misses): what device_view_batches' make() runs for both views of the batch, kernel by kernel.
     ps = device_augment.draw_params(batch, recipes, src, 0, 0, 1)
     p = device_augment.rows_of(list(ps), slice(0, batch))
     idx = torch.arange(batch, device=dev).repeat(len(recipes))
-    step = lambda: device_augment.normalize(device_augment.apply_views(images.index_select(0, idx), p, out, torch.float16), True)
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
+    shape = (len(idx), 3, src, src)
+    blur = any(r.blur_p > 0 for r in recipes)
+    eager = lambda: device_augment.finish(*device_augment.jittered_and_blurred(images.index_select(0, idx), p, out, torch.float16, blur), True)
+    graphed = lambda: device_augment.finish(*device_augment.graphed_views(
+        lambda buf: torch.index_select(images, 0, idx, out=buf), p, out, torch.float16, blur, shape, dev), True)
+    same = torch.equal(eager(), graphed())
+    print(f"  graphed views == eager views, same draws: {same}")
+    for how, step in (("eager", eager), ("graphed", graphed)):
+        for _ in range(3):
             step()
         torch.cuda.synchronize()
-    rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
-    total = sum(e.self_device_time_total for e in rows) / 5
-    print(f"  GPU time {total / 1000:.2f} ms a step (alone on the GPU); top kernels, ms a step:")
-    for e in rows[:14]:
-        print(f"  {e.self_device_time_total / 5000:7.3f} ms  x{e.count // 5:<3d} {e.key[:120]}")
+        t0 = time.perf_counter()
+        for _ in range(20):
+            step()
+        host = (time.perf_counter() - t0) / 20
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        rows = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
+        total = sum(e.self_device_time_total for e in rows) / 5
+        print(f"  {how}: host {host * 1000:.2f} ms a step to launch; GPU time {total / 1000:.2f} ms a step (alone on the GPU); top kernels, ms a step:")
+        for e in rows[:14]:
+            print(f"  {e.self_device_time_total / 5000:7.3f} ms  x{e.count // 5:<3d} {e.key[:120]}")

@@ -246,7 +246,7 @@ def measure(cfg: BenchConfig, device: torch.device) -> dict:
     # end to end: the real batch source
     source = iter(view_batches(mode, images, augment.recipes_for(cfg.method, cfg.image_size), cfg.image_size, p.batch,
                                cfg.seed, 0, 0, device, default_workers(cfg.num_workers), (rank, world),
-                               training.channels_last))
+                               training.channels_last, graphs=training.cuda_graphs))
 
     def e2e_step() -> float:
         t0 = time.perf_counter()

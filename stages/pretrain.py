@@ -289,7 +289,7 @@ def train(r: Run) -> tuple[int, float, int]:
         while step < stop_at and not stopped:
             epoch, start_batch = divmod(step, spe)
             batches = view_batches(r.mode, r.train_images, views, cfg.image_size, cfg.batch_size, cfg.seed, epoch,
-                                   start_batch, r.device, workers, r.shard, t.channels_last, r.pre)
+                                   start_batch, r.device, workers, r.shard, t.channels_last, r.pre, t.cuda_graphs)
             t_wait = time.perf_counter()
             for batch in batches:  # one batch per view
                 waited += time.perf_counter() - t_wait

@@ -17,7 +17,10 @@ How each op becomes a few whole-batch kernels (no per-image launch, no device-to
   image's mean grey, for contrast), so one pass per slot serves every image, whichever of the three it gets
   (a=1, b=c=0 leaves the others exactly as they were). Hue, an HSV round trip, runs once for the whole batch.
 - grayscale and solarize are masks; blur is two batched matmuls with per-image banded Gaussian matrices (reflect
-  padding folded in), on the blurred images only.
+  padding folded in) on the resize's memory layout, so they read the views without a copy; an image that draws no
+  blur gets the identity, which leaves it exactly as it was.
+- every image goes through every op and the views of a batch are made by the same kernels on the same shapes
+  whatever was drawn: so on CUDA one graph replays them all (ViewGraph), one launch instead of dozens.
 
 The parameters of a batch are drawn on the host by `augment.sample_params` from one generator seeded by
 (seed, epoch, batch): a pure function of the step on every device, so a resumed run sees the same views as an
@@ -45,11 +48,6 @@ from core.views import HUE, view_side
 
 # torchvision's rgb_to_grayscale weights (ITU-R 601), as the CPU path uses them.
 GRAY = (0.2989, 0.587, 0.114)
-# Hue: the HSV->RGB step in closed form, c_n = v - (v - min) * clamp(min(k, 4 - k), 0, 1) with k = (n + h) mod 6,
-# h the hue in sextants and n = 5, 3, 1 for red, green, blue.
-_HUE_N = (5.0, 3.0, 1.0)
-# Hue in sextants from the largest channel: (g-b)/d when red is largest, 2 + (b-r)/d for green, 4 + (r-g)/d for blue.
-_HUE_OFFSET = (0.0, 2.0, 4.0)
 
 
 def batch_seed(seed: int, epoch: int, batch: int) -> int:
@@ -69,9 +67,10 @@ def rows_of(ps: list[dict], rows: slice) -> dict:
     return {k: np.concatenate([np.asarray(p[k])[rows] for p in ps]) for k in ps[0]}
 
 
-def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict, np.ndarray]:
-    """Parameter rows -> one float table of per-image numbers (it travels to the device in one copy), its column
-    slices, and the rows to blur (known on the host, so only those are blurred)."""
+def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict]:
+    """Parameter rows -> one float table of per-image numbers (it travels to the device in one copy) and its column
+    slices. Every op has a column for every image, an identity where the image does not get it, so the work on the
+    device has the same shapes whatever was drawn."""
     p = {k: np.asarray(v) for k, v in p.items()}
     m = len(p["flip"])
     # Each image's 4 jitter ops in its own order, split at hue (every order holds it): up to 3 blends before, the
@@ -87,12 +86,14 @@ def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict, np.ndarray]:
     a = np.where(rounds >= 0, np.take_along_axis(factor, np.clip(rounds, 0, 2), 1), 1.0)
     k = augment.blur_kernel_size(out_size)
     gauss = np.exp(-0.5 * ((np.arange(k) - k // 2)[None, :] / p["sigma"].astype(np.float64)[:, None]) ** 2)
+    # Not blurred: the kernel [0 .. 1 .. 0], which the blur's matrix products pass through exactly.
+    gauss = np.where(np.asarray(p["blur"], bool)[:, None], gauss / gauss.sum(1, keepdims=True), np.arange(k) == k // 2)
     cols = {
         "crop": p["crop"], "flip": p["flip"],
         # brightness: a*x; contrast: a*x + (1-a)*mean grey; saturation: a*x + (1-a)*grey(x); others a=1
         "a": a, "sat": np.where(rounds == 2, 1 - a, 0.0), "con": np.where(rounds == 1, 1 - a, 0.0),
         "hue_on": p["jitter"], "hue": p["hue"], "gray": p["gray"],
-        "blur": gauss / gauss.sum(1, keepdims=True), "solarize": p["solarize"],
+        "blur": gauss, "solarize": p["solarize"],
     }
     at, parts, width = {}, [], 0
     for name, values in cols.items():
@@ -100,7 +101,7 @@ def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict, np.ndarray]:
         at[name] = slice(width, width + values.shape[1])
         width += values.shape[1]
         parts.append(values)
-    return np.concatenate(parts, 1).astype(np.float32), at, np.flatnonzero(p["blur"])
+    return np.concatenate(parts, 1).astype(np.float32), at
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -153,14 +154,18 @@ def blur_matrices(kernels: torch.Tensor, size: int) -> torch.Tensor:
 
 def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """torchvision's adjust_hue (RGB->HSV, rotate, back) for k images at once, shift (k,) in turns; fp32 inside
-    (hue divides by channel differences, which fp16 would round too coarsely)."""
+    (hue divides by channel differences, which fp16 would round too coarsely). Written as plain elementwise ops
+    (selects, no gather or roll) so that on CUDA the compiler fuses the whole round trip, and the blends around it,
+    into the passes the blends need anyway: the fp32 stays in registers."""
     x = x.float()
-    maxc, largest = x.max(dim=1, keepdim=True)  # ties pick the first channel: red, then green, as torchvision
-    delta = maxc - x.amin(dim=1, keepdim=True)
-    diff = x.roll(-1, 1) - x.roll(-2, 1)  # g-b, b-r, r-g
+    r, g, b = x[:, 0:1], x[:, 1:2], x[:, 2:3]
+    maxc = torch.maximum(torch.maximum(r, g), b)
+    delta = maxc - torch.minimum(torch.minimum(r, g), b)
+    d = delta.clamp(min=1e-12)  # grey pixels (delta 0) get hue 0 here, and any hue gives them back unchanged below
+    # Hue in sextants from the largest channel, ties to red, then green (as torchvision's argmax).
+    h = torch.where(r == maxc, (g - b) / d, torch.where(g == maxc, (b - r) / d + 2, (r - g) / d + 4))
+    # HSV->RGB in closed form: c_n = v - (v - min) * clamp(min(k, 4 - k), 0, 1), k = (n + h) mod 6, n = 5, 3, 1.
     three = torch.arange(3, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-    # Grey pixels (delta 0) get diff 0 here, and any hue gives them back unchanged below.
-    h = (diff / delta.clamp(min=1e-12) + 2 * three).gather(1, largest)
     k = (h + (6 * shift.float()).view(-1, 1, 1, 1) + (5 - 2 * three)).remainder(6)
     return maxc - delta * torch.minimum(k, 4 - k).clamp(0, 1)
 
@@ -191,26 +196,38 @@ def colour(x: torch.Tensor, a: torch.Tensor, sat: torch.Tensor, con: torch.Tenso
     x = torch.where(hue_on[:, :, None, None] > 0, shift_hue(x, hue[:, 0]).to(dtype), x)
     for r in range(3, 6):
         x = blend(x, r)
-    return torch.where(gray[:, :, None, None] > 0, _grey(x).expand_as(x), x)
+    return rows_layout(torch.where(gray[:, :, None, None] > 0, _grey(x).expand_as(x), x))
+
+
+def rows_layout(x: torch.Tensor) -> torch.Tensor:
+    """x (m, 3, H, W) with its memory ordered (m, H, 3, W): the layout the resize writes and the blur's matrix
+    products read without a copy. A no-op when x is laid out so already; inside a compiled function it only tells
+    the compiler where to write."""
+    return x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
 
 
 _compiled: dict = {}
 AHEAD = 2  # batches made in advance on CUDA: one in the queue covers a step's jitter; two, a slow one's
 
 
-def _colour(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-    """`colour`, compiled on CUDA (once per shape). If compiling fails (no working Triton, say), it warns once and
-    stays eager: slower, same result."""
-    if x.device.type != "cuda" or _compiled.get("failed"):
-        return colour(x, *params)
-    if "colour" not in _compiled:
-        _compiled["colour"] = torch.compile(colour, dynamic=False, fullgraph=True)
-    try:
-        return _compiled["colour"](x, *params)
-    except Exception as e:  # the compiler stack raises many types; eager is always a correct fallback
-        warnings.warn(f"device augmentation runs eager: torch.compile failed ({type(e).__name__}: {str(e)[:200]})")
-        _compiled["failed"] = True
-        return colour(x, *params)
+def _on_cuda_compiled(fn):
+    """fn, compiled on CUDA (once per shape: fullgraph, static shapes) and eager elsewhere. If compiling fails (no
+    working Triton, say), it warns once and every such function stays eager: slower, same result."""
+    name = fn.__name__
+
+    def run(x: torch.Tensor, *args):
+        if x.device.type != "cuda" or _compiled.get("failed"):
+            return fn(x, *args)
+        if name not in _compiled:
+            _compiled[name] = torch.compile(fn, dynamic=False, fullgraph=True)
+        try:
+            return _compiled[name](x, *args)
+        except Exception as e:  # the compiler stack raises many types; eager is always a correct fallback
+            warnings.warn(f"device augmentation runs eager: torch.compile failed ({type(e).__name__}: {str(e)[:200]})")
+            _compiled["failed"] = True
+            return fn(x, *args)
+
+    return run
 
 
 def work_dtype(device: torch.device) -> torch.dtype:
@@ -218,13 +235,20 @@ def work_dtype(device: torch.device) -> torch.dtype:
     return torch.float16 if device.type == "cuda" else torch.float32
 
 
-def apply_views(images: torch.Tensor, p: dict, out_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Row i of `p` (host tensors or arrays) applied to images[i] (uint8 m x 3 x S x S on the device); returns
-    m x 3 x out x out in [0, 1] of `dtype`, not normalised, as augment.apply_view would for each image."""
-    dev = images.device
+def jittered_and_blurred(images: torch.Tensor, p: dict, out_size: int, dtype: torch.dtype = torch.float32,
+                         blur: bool = True):
+    """Row i of `p` (host tensors or arrays) applied to images[i] (uint8 m x 3 x S x S on the device) up to the
+    blur: (views m x 3 x out x out in [0, 1] of `dtype`, laid out as `rows_layout`; the solarize column (m, 1)).
+    blur=False skips the blur's products, for views whose recipe never blurs."""
+    table, at = _plan(p, out_size)
+    return from_table(images, to_device(torch.from_numpy(table), images.device), at, out_size, dtype, blur)
+
+
+def from_table(images: torch.Tensor, t: torch.Tensor, at: dict, out_size: int, dtype: torch.dtype, blur: bool):
+    """`jittered_and_blurred` from `_plan`'s table already on the device: device work only, no host sync. Every
+    image goes through every op (identities where it draws none), so the kernels, their shapes and their number
+    are the same for every batch of m images, and one CUDA graph can replay them (ViewGraph)."""
     m, _, src, _ = images.shape
-    table, at, blur_rows = _plan(p, out_size)
-    t = to_device(torch.from_numpy(table), dev)
 
     def col(name: str) -> torch.Tensor:
         return t[:, at[name]]
@@ -238,32 +262,96 @@ def apply_views(images: torch.Tensor, p: dict, out_size: int, dtype: torch.dtype
     x = torch.bmm(wy, rows).view(m, out_size * 3, src)
     x = torch.bmm(x, wx.transpose(1, 2)).view(m, out_size, 3, out_size).permute(0, 2, 1, 3)
     x = _colour(x, col("a"), col("sat"), col("con"), col("hue_on"), col("hue"), col("gray"))
-    if len(blur_rows):
-        sel = to_device(torch.from_numpy(blur_rows), dev)
-        b = blur_matrices(t[sel, at["blur"]], out_size).to(dtype)
-        x.index_copy_(0, sel, torch.matmul(torch.matmul(b[:, None], x.index_select(0, sel)), b.transpose(1, 2)[:, None]))
-    if bool(np.asarray(p["solarize"]).any()):
-        x = torch.where((col("solarize")[:, :, None, None] > 0) & (x >= 0.5), 1 - x, x)
-    return x
+    if not blur:
+        return x, col("solarize")
+    # Blur, the same two products on the same layout (every image: the identity kernel leaves the unblurred as
+    # they are, bit for bit); reshape copies only if the compiler chose another layout for colour's output.
+    b = blur_matrices(col("blur"), out_size).to(dtype)
+    x = torch.bmm(b, x.permute(0, 2, 1, 3).reshape(m, out_size, 3 * out_size)).view(m, out_size * 3, out_size)
+    x = torch.bmm(x, b.transpose(1, 2)).view(m, out_size, 3, out_size).permute(0, 2, 1, 3)
+    return x, col("solarize")
 
 
-def normalize(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    """(x - mean) / std in one kernel, as fp32, written straight into the memory format the model wants."""
+class ViewGraph:
+    """CUDA: `from_table` for batches of one shape, captured once as a CUDA graph and replayed for each batch. At
+    small image sizes the host's launches, not the GPU, bound the views, and on the same host as the training
+    step's launches they slow the step (docs/benchmarks.md); a replay is one launch for all of them. Fill `batch`
+    and `table` (the graph's inputs), then call; the outputs are overwritten by the next call, so the caller
+    reads them on the same stream before it (`finish` does, writing the views into a tensor of their own)."""
+
+    def __init__(self, batch_shape: tuple, width: int, at: dict, out_size: int, dtype: torch.dtype, blur: bool,
+                 device: torch.device):
+        self.batch = torch.zeros(batch_shape, dtype=torch.uint8, device=device)
+        self.table = torch.zeros(batch_shape[0], width, device=device)
+        self.table[:, at["crop"]] = torch.tensor([0.0, 0.0, batch_shape[-1], batch_shape[-1]], device=device)  # a valid crop
+        self.args = (at, out_size, dtype, blur)
+        from_table(self.batch, self.table, *self.args)  # warm-up outside the capture: compiles colour(), sets up cuBLAS
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: the training thread may allocate while this thread captures (its own calls are the ones
+        # that must not touch the allocator's or the driver's state during capture)
+        with torch.cuda.graph(self.graph, stream=torch.cuda.current_stream(device), capture_error_mode="thread_local"):
+            self.out = from_table(self.batch, self.table, *self.args)
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.graph.replay()
+        return self.out
+
+
+_graphs: dict = {}  # (device, batch shape, out size, dtype, blur) -> ViewGraph: captured once per process and shape
+
+
+def graphed_views(batch_of, p: dict, out_size: int, dtype: torch.dtype, blur: bool, shape: tuple,
+                  device: torch.device):
+    """`jittered_and_blurred` through the ViewGraph of this shape: `batch_of(buffer)` writes the batch's uint8
+    images into the graph's input buffer."""
+    table, at = _plan(p, out_size)
+    key = (device, shape, out_size, dtype, blur)
+    if key not in _graphs:
+        _graphs[key] = ViewGraph(shape, table.shape[1], at, out_size, dtype, blur, device)
+    g = _graphs[key]
+    batch_of(g.batch)
+    g.table.copy_(torch.from_numpy(table).pin_memory(), non_blocking=True)
+    return g()
+
+
+def solarized(x: torch.Tensor, solarize: torch.Tensor) -> torch.Tensor:
+    """Solarize (1 - x at and above one half) the images whose column is set."""
+    return torch.where((solarize[:, :, None, None] > 0) & (x >= 0.5), 1 - x, x)
+
+
+def apply_views(images: torch.Tensor, p: dict, out_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Row i of `p` applied to images[i] (uint8 m x 3 x S x S on the device); returns m x 3 x out x out in [0, 1]
+    of `dtype`, not normalised, as augment.apply_view would for each image."""
+    return solarized(*jittered_and_blurred(images, p, out_size, dtype))
+
+
+def standardise(x: torch.Tensor, solarize: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+                channels_last: bool) -> torch.Tensor:
+    """Solarize, then x * scale + shift as fp32, written in the memory format the model wants: one pass on CUDA."""
+    y = torch.addcmul(shift, solarized(x, solarize).float(), scale)
+    return y.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def finish(x: torch.Tensor, solarize: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """The views the model reads: solarized where drawn, then (x - mean) / std (ImageNet's, as every path uses)."""
     scale = 1.0 / augment.device_constant(augment.STD, x.device).view(1, 3, 1, 1)
     shift = -augment.device_constant(augment.MEAN, x.device).view(1, 3, 1, 1) * scale
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    out = torch.empty(x.shape, device=x.device, dtype=torch.float32).contiguous(memory_format=fmt)
-    return torch.addcmul(shift, x, scale, out=out)
+    return _standardise(x, solarize, scale, shift, channels_last)
+
+
+_colour = _on_cuda_compiled(colour)
+_standardise = _on_cuda_compiled(standardise)
 
 
 def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
                         start_batch: int, device: torch.device, shard: tuple[int, int] = (0, 1),
-                        channels_last: bool = False):
+                        channels_last: bool = False, graphs: bool = False):
     """Yield a list of normalised float batches on `device` per step, one per recipe at its side in a run of
     out_size px, for one epoch, from batch `start_batch` on; this process's share (rank of world) of each global
     batch. `images` may live on the device (no copy per step) or on the host (the batch's images are copied over
     each step). On CUDA, the next batches are made by a worker thread on a side stream while the caller trains
-    (_made_ahead)."""
+    (_made_ahead), and with `graphs` each side's views are one CUDA graph's replay (ViewGraph)."""
+    graphs = graphs and device.type == "cuda"
     rank, world = shard
     per_rank = batch_size // world
     rows = slice(rank * per_rank, (rank + 1) * per_rank)
@@ -280,11 +368,17 @@ def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size
         for which in by_side:
             p = rows_of([ps[v] for v in which], rows)
             idx = torch.from_numpy(np.tile(order[b, rows], len(which)))  # these views of this rank's images
-            if images.device.type == device.type:
-                batch = images.index_select(0, to_device(idx, device))
-            else:
-                batch = to_device(images[idx], device)
-            x = normalize(apply_views(batch, p, sides[which[0]], dtype), channels_last)
+
+            def batch_of(out=None):
+                if images.device.type == device.type:
+                    return torch.index_select(images, 0, to_device(idx, device), out=out)
+                return to_device(images[idx], device) if out is None else out.copy_(to_device(images[idx], device))
+
+            side, blur = sides[which[0]], any(recipes[v].blur_p > 0 for v in which)
+            shape = (len(idx), *images.shape[1:])
+            made = graphed_views(batch_of, p, side, dtype, blur, shape, device) if graphs else \
+                jittered_and_blurred(batch_of(), p, side, dtype, blur)
+            x = finish(*made, channels_last)
             for v, part in zip(which, x.split(per_rank)):
                 views[v] = part
         return views

@@ -272,13 +272,13 @@ def augment_mode(requested: str, device: torch.device) -> str:
 
 def view_batches(mode: str, images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
                  start_batch: int, device: torch.device, num_workers: int, shard: tuple[int, int] = (0, 1),
-                 channels_last: bool = False, preprocess=PIL_PREPROCESS):
+                 channels_last: bool = False, preprocess=PIL_PREPROCESS, graphs: bool = False):
     """The one place training batches come from: per step a list of batches, one per view recipe at its side, by
     the CPU path or the device path (train/device_augment.py); mode is `augment_mode`'s answer. `preprocess`
-    (train/preprocess.py) serves the CPU path only."""
+    (train/preprocess.py) serves the CPU path only; `graphs` (the run's CUDA-graph choice) the device path on CUDA."""
     if mode == "device":
         return device_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device,
-                                   shard, channels_last)
+                                   shard, channels_last, graphs)
     batches = augment.cpu_view_batches(images, recipes, out_size, batch_size, seed, epoch, start_batch, device,
                                        num_workers, shard, channels_last, preprocess)
     return _workers_deaf_to_stops(batches) if num_workers > 0 else batches

@@ -217,16 +217,77 @@ def test_ahead_raises_the_workers_error_and_stops_when_closed_early():
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_normalize_is_the_imagenet_standardisation_in_the_asked_layout(channels_last):
+def test_finish_solarizes_the_drawn_rows_then_standardises_in_the_asked_layout(channels_last):
     g = torch.Generator().manual_seed(0)
     x = torch.rand(2, 3, 5, 6, generator=g).half()
-    got = device_augment.normalize(x, channels_last)
+    got = device_augment.finish(x, torch.tensor([[1.0], [0.0]]), channels_last)
     mean, std = torch.tensor(augment.MEAN).view(1, 3, 1, 1), torch.tensor(augment.STD).view(1, 3, 1, 1)
+    solarized = torch.cat([torch.where(x[:1] >= 0.5, 1 - x[:1], x[:1]), x[1:]])  # image 0 drew solarize
     assert got.dtype == torch.float32 and got.shape == x.shape
-    torch.testing.assert_close(got, (x.float() - mean) / std)
+    torch.testing.assert_close(got, (solarized.float() - mean) / std)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     assert got.is_contiguous(memory_format=layout)
     assert channels_last != got.is_contiguous()  # the other layout is not what came out
+
+
+def _device_work(images, p, out, blur=True) -> list[tuple]:
+    """Every aten op the views of `p` run, with its tensors' shapes and dtypes, in order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops = []
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            flat = torch.utils._pytree.tree_leaves((args, kwargs or {}))
+            ops.append((str(func), tuple((tuple(t.shape), t.dtype) for t in flat if isinstance(t, torch.Tensor))))
+            return func(*args, **(kwargs or {}))
+
+    with Log():
+        device_augment.jittered_and_blurred(images, p, out, blur=blur)
+    return ops
+
+
+def test_the_device_work_is_the_same_whatever_was_drawn():
+    """Each batch runs the same kernels on the same shapes (identities where an op is not drawn): what lets one
+    CUDA graph replay the views of every batch. A branch on the draws (skip the blur when no image drew it, say)
+    would make a graph replay stale work."""
+    images = torch.randint(0, 256, (6, 3, 40, 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    on = augment.ViewRecipe(crop_scale=(0.2, 1), flip_p=1.0, jitter_p=1.0, gray_p=1.0, blur_p=1.0, solarize_p=1.0)
+    off = augment.ViewRecipe(crop_scale=(1, 1), flip_p=0.0, jitter_p=0.0, gray_p=0.0, blur_p=0.0, solarize_p=0.0)
+    drawn = [augment.sample_params(6, r, 40, np.random.default_rng(1)) for r in (on, off)]
+    work = [_device_work(images, p, 32) for p in drawn]
+    assert work[0] == work[1] and any("bmm" in op for op, _ in work[0])
+    # a recipe that never blurs skips the blur's products altogether (known before any draw)
+    assert len(_device_work(images, drawn[1], 32, blur=False)) < len(work[1])
+
+
+@pytest.mark.parametrize("blur", [False, True])
+def test_views_come_out_in_the_resize_layout_and_the_blur_reads_them_without_a_copy(blur):
+    images = torch.randint(0, 256, (4, 3, 30, 30), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    p = augment.sample_params(4, augment.recipes_for("byol", 96)[0], 30, np.random.default_rng(0))
+    x, _ = device_augment.jittered_and_blurred(images, p, 24, blur=blur)
+    assert x.shape == (4, 3, 24, 24) and x.permute(0, 2, 1, 3).is_contiguous()
+    ops = [op for op, _ in _device_work(images, p, 24, blur)]
+    assert ops.count("aten.bmm.default") == (4 if blur else 2)  # resize, and blur where the recipe has one
+    if blur:
+        blur_products = ops[len(ops) - ops[::-1].index("aten.scatter_add_.default"):]  # after the blur's matrices
+        assert blur_products.count("aten.bmm.default") == 2
+        assert not any("clone" in op or "copy" in op for op in blur_products)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_graphed_views_are_the_eager_views_on_cuda():
+    dev = torch.device("cuda")
+    images = torch.randint(0, 256, (40, 3, 72, 72), dtype=torch.uint8, device=dev)
+    idx = torch.arange(16, device=dev).repeat(2)
+    for method in ("simclr", "byol"):
+        recipes = augment.recipes_for(method, 96)
+        for batch in range(3):  # a replay per batch: each must see its own draws
+            p = device_augment.rows_of(list(device_augment.draw_params(16, recipes, 72, 0, 0, batch)), slice(0, 16))
+            eager = device_augment.jittered_and_blurred(images.index_select(0, idx), p, 96, torch.float16)
+            graphed = device_augment.graphed_views(lambda buf: torch.index_select(images, 0, idx, out=buf), p, 96,
+                                                   torch.float16, True, (32, 3, 72, 72), dev)
+            assert torch.equal(eager[0], graphed[0]) and torch.equal(eager[1], graphed[1])
 
 
 def test_colour_clamps_its_input_before_any_blend():
