@@ -3,10 +3,12 @@ the whole chain on a tiny run (pretrain -> strip -> trace -> export -> validate,
 the artifacts' sizes and parity, `pipeline bench` training img/s, and inference img/s of the exported encoder at
 the exported size (PyTorch eager fp32 and onnxruntime on the .onnx, batch 32, one thread each).
 
-  PYTHONPATH=$PWD python benchmarks/backbones_cpu.py OUT_DIR [--backbones a,b] [--skip-chain] [--skip-bench]
+  PYTHONPATH=$PWD python benchmarks/backbones_cpu.py OUT_DIR [--backbones a,b] [--epochs N] [--skip-chain] [--skip-bench]
 
 Writes OUT_DIR/backbones.jsonl (one line a backbone) and OUT_DIR/backbones.md (the table). The tiny run's numbers
-are about export and speed, not about what the encoder learnt: 5 steps of 8 images.
+are about export and speed, not about what the encoder learnt: 4 steps of 8 images an epoch, one epoch unless
+--epochs says more (a mobile net's BatchNorm statistics need more steps than that before its features tell images
+apart finely enough for validate's neighbour gate: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from train.backbones import BACKBONES, build_backbone  # noqa: E402
 
 CHAIN_SIZE = 32
-PRETRAIN = ["--data", "synthetic:48", "--image-size", str(CHAIN_SIZE), "--epochs", "1", "--batch-size", "8",
+PRETRAIN = ["--data", "synthetic:48", "--image-size", str(CHAIN_SIZE), "--batch-size", "8",
             "--val-fraction", "0.34", "--device", "cpu", "--num-workers", "0", "--proj-hidden-dim", "64",
             "--proj-dim", "32", "--pred-hidden-dim", "64"]
 
@@ -55,11 +57,11 @@ def pipeline(*args: str, log: Path) -> tuple[int, float]:
     return rc, time.perf_counter() - t0
 
 
-def chain(name: str, out: Path) -> dict:
+def chain(name: str, out: Path, epochs: int = 1) -> dict:
     run, log = out / "runs" / name, out / "logs" / f"{name}.log"
     log.unlink(missing_ok=True)
     result = {"run": str(run)}
-    steps = [("pretrain", ["pretrain", "--backbone", name, *PRETRAIN, "--out", str(run)]),
+    steps = [("pretrain", ["pretrain", "--backbone", name, *PRETRAIN, "--epochs", str(epochs), "--out", str(run)]),
              ("strip", ["strip", "--run", str(run)]), ("trace", ["trace", "--run", str(run)]),
              ("export", ["export", "--run", str(run)]), ("validate", ["validate", "--run", str(run)])]
     for step, args in steps:
@@ -154,6 +156,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--backbones", default=",".join(BACKBONES))
+    ap.add_argument("--epochs", type=int, default=1, help="the chain's pretraining epochs (4 steps each)")
     ap.add_argument("--skip-chain", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
     args = ap.parse_args()
@@ -165,7 +168,7 @@ def main() -> None:
         row["macs_224"], row["params_224"] = macs(name, 224)
         row["macs_32"], row["params_32"] = macs(name, 32)
         if not args.skip_chain:
-            row.update(chain(name, out))
+            row.update(chain(name, out, args.epochs))
         if not args.skip_bench:
             row.update(bench(name, out))
         row.update(inference(name, Path(row["run"]) if "run" in row else None))
