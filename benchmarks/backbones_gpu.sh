@@ -25,7 +25,7 @@ bench() {  # NAME ARGS...: one line, profiled into $OUT/profiles/NAME unless PRO
     >> "$OUT/backbones.jsonl"
   tail -n 1 "$OUT/backbones.jsonl" | python3 -c "import json,sys; r=json.load(sys.stdin); print(r['name'], r['e2e_img_s'], r['ceiling_img_s'], r['ratio'], r['setup_s'])"
 }
-BACKBONES="resnet18 resnet34 resnet50 mobilenet_v3_small mobilenet_v3_large efficientnet_b0 convnext_tiny vit_b_16 vit_s_16 vit_t_16"
+BACKBONES=${BACKBONES:-"resnet18 resnet34 resnet50 mobilenet_v3_small mobilenet_v3_large efficientnet_b0 convnext_tiny vit_b_16 vit_s_16 vit_t_16"}  # the small part's
 LARGE=${LARGE:-"mobilenet_v3_small mobilenet_v3_large efficientnet_b0 vit_t_16 vit_s_16 resnet50"}  # the large part's backbones
 G="--augment device --channels-last on"
 

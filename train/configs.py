@@ -36,7 +36,7 @@ MAJORITY_K = 20  # the plain vote most papers list beside the weighted one
 class PretrainConfig:
     method: str = opt("simclr", "SSL method", choices=methods.names())
     recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD; train/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100,000 train images, >= 30,000 steps, >= 65 px), else small. A flag or --config value always wins", choices=RECIPE_CHOICES)
-    data: str = opt("digits", "data SPEC: photos (patches of 3 bundled photographs) | digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
+    data: str = opt("digits", "data SPEC: photos (patches of ten photographs that ship inside scikit-learn, matplotlib and scikit-image) | digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
     backbone: str = opt("resnet18", "torchvision network, random init, its classifier removed (ViT-S/Ti: DeiT's sizes)", choices=tuple(BACKBONES))
     small_stem: str = opt("auto", "keep small images' pixels: ResNet 3x3 stride-1 stem without max-pool; MobileNetV3/EfficientNet first conv at stride 1; ConvNeXt 2x2 stride-2 stem; ViT patch 4 (the side a multiple of it); auto = on for images <= 64 px", choices=("auto", "on", "off"))
     image_size: int = opt(32, "training crop side in pixels; 32 = CIFAR's, where the small recipes were measured. On a "
@@ -82,7 +82,7 @@ class PretrainConfig:
     augment: str = opt("auto", "where views are made: device = batched on the training GPU, cpu = per image in DataLoader workers (the reference); auto = device on cuda/mps", choices=AUGMENT_MODES)
     preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = uint8 Pillow/numpy ops in the workers; auto = coreml where Core ML runs", choices=PREPROCESS_CHOICES)
     channels_last: str = opt("auto", "NHWC memory format: about 2x faster bf16 convs on CUDA tensor cores; auto = on for CUDA only", choices=("auto", "on", "off"))
-    cuda_graphs: str = opt("auto", "replay the backbone's forward and backward as two CUDA graphs instead of launching its hundreds of kernels from Python every step (the host, not the GPU, limits small-image steps on a fast GPU: docs/benchmarks.md); auto = on for CUDA without --compile (and, with several processes, without --sync-bn); on with --compile captures the compiled kernels (faster where measured, not yet shown to train as eager does)", choices=("auto", "on", "off"))
+    cuda_graphs: str = opt("auto", "replay the backbone's forward and backward as two CUDA graphs, and the device views as one, instead of launching their hundreds of kernels from Python every step (the host, not the GPU, limits small-image steps on a fast GPU: docs/benchmarks.md); auto = on for CUDA without --compile (and, with several processes, without --sync-bn); on with --compile captures the compiled kernels (faster where measured, not yet shown to train as eager does)", choices=("auto", "on", "off"))
     compile: bool = opt(False, "torch.compile the backbone's forward: off by default: without --cuda-graphs on it ran slower end to end than the graphed eager step, and compiling takes ~30 s (docs/benchmarks.md)")
     sync_bn: bool = opt(False, "several GPUs: BatchNorm statistics over the global batch (SimCLR's choice), at one all-reduce per BN layer; CUDA only")
     seed: int = opt(0, "seeds init, split, order and every augmentation draw", range=Range(0, 2**32 - 1))
