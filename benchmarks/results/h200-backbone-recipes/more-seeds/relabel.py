@@ -1,0 +1,34 @@
+"""The merged tables with the photos set's two cuts kept apart (see README.md): lines from the earlier calls (the
+files one folder up) on `photos` are relabelled `photos-earlier-cut`, so recipe_summary.py pairs each trained line
+with the random init of its own cut. Writes <backbone>-paired/results.jsonl and prints each summary.
+
+    cd benchmarks/results/h200-backbone-recipes/more-seeds && python3 relabel.py  (from the repository's venv)
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCES = {  # backbone -> (earlier calls' files, this folder's files), as README.md lists them
+    "mobilenet_v3_small": (["../mobilenet_v3_small-results.jsonl", "../mnv3s-seeds12/results.jsonl"], ["mnv3s-results.jsonl"]),
+    "vit_t_16": (["../vit_t_16-results.jsonl"], ["vitt0-results.jsonl", "vitt12-results.jsonl"]),
+    "mobilenet_v3_large": (["../mobilenet_v3_large-results.jsonl"], ["mnv3l-results.jsonl"]),
+}
+for backbone, (earlier, later) in SOURCES.items():
+    seen, rows = set(), []
+    for name in earlier + later:
+        for line in (HERE / name).read_text().splitlines():
+            r = json.loads(line)
+            if name in earlier and r["dataset"] == "photos":
+                r["dataset"] = "photos-earlier-cut"
+            key = (r["dataset"], r["method"], r.get("seed"), r.get("variant"))
+            if key not in seen:  # first line of a key wins: the earlier of two runs of one cell
+                seen.add(key)
+                rows.append(r)
+    out = HERE / f"{backbone}-paired"
+    out.mkdir(exist_ok=True)
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"## {backbone}")
+    sys.stdout.flush()
+    subprocess.run([sys.executable, str(HERE.parents[2] / "recipe_summary.py"), str(out)], check=True)
