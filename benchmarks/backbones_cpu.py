@@ -3,12 +3,14 @@ the whole chain on a tiny run (pretrain -> strip -> trace -> export -> validate,
 the artifacts' sizes and parity, `pipeline bench` training img/s, and inference img/s of the exported encoder at
 the exported size (PyTorch eager fp32 and onnxruntime on the .onnx, batch 32, one thread each).
 
-  PYTHONPATH=$PWD python benchmarks/backbones_cpu.py OUT_DIR [--backbones a,b] [--epochs N] [--skip-chain] [--skip-bench]
+  PYTHONPATH=$PWD python benchmarks/backbones_cpu.py OUT_DIR [--backbones a,b] [--epochs N | --config YAML]
+      [--skip-chain] [--skip-bench]
 
 Writes OUT_DIR/backbones.jsonl (one line a backbone) and OUT_DIR/backbones.md (the table). The tiny run's numbers
 are about export and speed, not about what the encoder learnt: 4 steps of 8 images an epoch, one epoch unless
---epochs says more (a mobile net's BatchNorm statistics need more steps than that before its features tell images
-apart finely enough for validate's neighbour gate: docs/benchmarks.md).
+--epochs says more; --config pretrains as that file says instead (configs/default.yaml: what `make all` trains,
+with the backbone swapped), for a chain on an encoder trained as a user's would be (docs/benchmarks.md says why
+the mobile nets need one).
 """
 
 from __future__ import annotations
@@ -57,11 +59,12 @@ def pipeline(*args: str, log: Path) -> tuple[int, float]:
     return rc, time.perf_counter() - t0
 
 
-def chain(name: str, out: Path, epochs: int = 1) -> dict:
+def chain(name: str, out: Path, epochs: int = 1, config: Path | None = None) -> dict:
     run, log = out / "runs" / name, out / "logs" / f"{name}.log"
     log.unlink(missing_ok=True)
     result = {"run": str(run)}
-    steps = [("pretrain", ["pretrain", "--backbone", name, *PRETRAIN, "--epochs", str(epochs), "--out", str(run)]),
+    how = ["--config", str(config), "--device", "cpu"] if config else [*PRETRAIN, "--epochs", str(epochs)]
+    steps = [("pretrain", ["pretrain", "--backbone", name, *how, "--out", str(run)]),
              ("strip", ["strip", "--run", str(run)]), ("trace", ["trace", "--run", str(run)]),
              ("export", ["export", "--run", str(run)]), ("validate", ["validate", "--run", str(run)])]
     for step, args in steps:
@@ -100,12 +103,14 @@ def inference(name: str, run: Path | None, batch: int = 32, reps: int = 3) -> di
     from export.encoder import Encoder, load_encoder
 
     torch.set_num_threads(1)
+    size = CHAIN_SIZE
     if run is not None and (run / "export" / "encoder.pt").is_file():
-        enc, _ = load_encoder(run / "export" / "encoder.pt")
+        enc, state = load_encoder(run / "export" / "encoder.pt")
+        size = state["image_size"]  # the run's (--config may train at another size than the tiny run's)
     else:
         net, _ = build_backbone(name, True, CHAIN_SIZE)
         enc = Encoder(net, [0.5] * 3, [0.25] * 3).eval()
-    x = torch.rand(batch, 3, CHAIN_SIZE, CHAIN_SIZE) * 255
+    x = torch.rand(batch, 3, size, size) * 255
 
     def rate(fn) -> float:
         fn()  # warm-up
@@ -123,6 +128,7 @@ def inference(name: str, run: Path | None, batch: int = 32, reps: int = 3) -> di
         session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
         feed = {"image": x.numpy()}
         out["onnxruntime_img_s"] = rate(lambda: session.run(None, feed))
+    out["inference_size"] = size
     return out
 
 
@@ -157,6 +163,7 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--backbones", default=",".join(BACKBONES))
     ap.add_argument("--epochs", type=int, default=1, help="the chain's pretraining epochs (4 steps each)")
+    ap.add_argument("--config", type=Path, help="pretrain with this YAML (its backbone swapped) instead of the tiny run")
     ap.add_argument("--skip-chain", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
     args = ap.parse_args()
@@ -168,7 +175,7 @@ def main() -> None:
         row["macs_224"], row["params_224"] = macs(name, 224)
         row["macs_32"], row["params_32"] = macs(name, 32)
         if not args.skip_chain:
-            row.update(chain(name, out, args.epochs))
+            row.update(chain(name, out, args.epochs, args.config and args.config.resolve()))
         if not args.skip_bench:
             row.update(bench(name, out))
         row.update(inference(name, Path(row["run"]) if "run" in row else None))
