@@ -372,7 +372,9 @@ def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size
             def batch_of(out=None):
                 if images.device.type == device.type:
                     return torch.index_select(images, 0, to_device(idx, device), out=out)
-                return to_device(images[idx], device) if out is None else out.copy_(to_device(images[idx], device))
+                if out is None:
+                    return to_device(images[idx], device)
+                return out.copy_(images[idx].pin_memory(), non_blocking=True)  # straight into the graph's input
 
             side, blur = sides[which[0]], any(recipes[v].blur_p > 0 for v in which)
             shape = (len(idx), *images.shape[1:])
