@@ -8,6 +8,7 @@
    time and its top kernels by GPU time (torch.profiler).
 """
 
+import functools
 import time
 
 import numpy as np
@@ -53,15 +54,13 @@ for method, src, out, batch in [("simclr", 256, 224, 256), ("simclr", 32, 32, 51
         print(f"{method} {src}->{out} batch {batch}, {how}: one step's views {start.elapsed_time(end) / 5:.2f} ms (events, host included)")
         gen.close()
     # One step's views on this thread's stream (the generator makes them on a worker thread's side stream, which
-    # the profiler misses): what device_view_batches' make() runs for both views of the batch, kernel by kernel.
+    # the profiler misses): side_views, what device_view_batches' make() runs for both views of the batch.
     ps = device_augment.draw_params(batch, recipes, src, 0, 0, 1)
     p = device_augment.rows_of(list(ps), slice(0, batch))
-    idx = torch.arange(batch, device=dev).repeat(len(recipes))
-    shape = (len(idx), 3, src, src)
+    idx = torch.arange(batch).repeat(len(recipes))
     blur = any(r.blur_p > 0 for r in recipes)
-    eager = lambda: device_augment.finish(*device_augment.jittered_and_blurred(images.index_select(0, idx), p, out, torch.float16, blur), True)
-    graphed = lambda: device_augment.finish(*device_augment.graphed_views(
-        lambda buf: torch.index_select(images, 0, idx, out=buf), p, out, torch.float16, blur, shape, dev), True)
+    views = functools.partial(device_augment.side_views, images, idx, p, out, blur, torch.float16, True, dev)
+    eager, graphed = functools.partial(views, graphs=False), functools.partial(views, graphs=True)
     same = torch.equal(eager(), graphed())
     print(f"  graphed views == eager views, same draws: {same}")
     for how, step in (("eager", eager), ("graphed", graphed)):

@@ -343,6 +343,25 @@ _colour = _on_cuda_compiled(colour)
 _standardise = _on_cuda_compiled(standardise)
 
 
+def side_views(images: torch.Tensor, idx: torch.Tensor, p: dict, out_size: int, blur: bool, dtype: torch.dtype,
+               channels_last: bool, device: torch.device, graphs: bool = False) -> torch.Tensor:
+    """The views of one side for the images `idx` (host int64) picks, row i of `p` for image idx[i], normalised
+    as the model reads them: what a step's batch holds for the views of that side. `images` on the device or on
+    the host; graphs (CUDA): through the ViewGraph of this shape."""
+
+    def batch_of(out=None):
+        if images.device.type == device.type:
+            return torch.index_select(images, 0, to_device(idx, device), out=out)
+        if out is None:
+            return to_device(images[idx], device)
+        return out.copy_(images[idx].pin_memory(), non_blocking=True)  # straight into the graph's input
+
+    shape = (len(idx), *images.shape[1:])
+    made = graphed_views(batch_of, p, out_size, dtype, blur, shape, device) if graphs else \
+        jittered_and_blurred(batch_of(), p, out_size, dtype, blur)
+    return finish(*made, channels_last)
+
+
 def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,
                         start_batch: int, device: torch.device, shard: tuple[int, int] = (0, 1),
                         channels_last: bool = False, graphs: bool = False):
@@ -368,19 +387,8 @@ def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size
         for which in by_side:
             p = rows_of([ps[v] for v in which], rows)
             idx = torch.from_numpy(np.tile(order[b, rows], len(which)))  # these views of this rank's images
-
-            def batch_of(out=None):
-                if images.device.type == device.type:
-                    return torch.index_select(images, 0, to_device(idx, device), out=out)
-                if out is None:
-                    return to_device(images[idx], device)
-                return out.copy_(images[idx].pin_memory(), non_blocking=True)  # straight into the graph's input
-
-            side, blur = sides[which[0]], any(recipes[v].blur_p > 0 for v in which)
-            shape = (len(idx), *images.shape[1:])
-            made = graphed_views(batch_of, p, side, dtype, blur, shape, device) if graphs else \
-                jittered_and_blurred(batch_of(), p, side, dtype, blur)
-            x = finish(*made, channels_last)
+            x = side_views(images, idx, p, sides[which[0]], any(recipes[v].blur_p > 0 for v in which), dtype,
+                           channels_last, device, graphs)
             for v, part in zip(which, x.split(per_rank)):
                 views[v] = part
         return views
