@@ -14,7 +14,7 @@ export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 OUT=${OUT:-bench-results}
 PROFILES=${PROFILES:-$OUT/profiles}
 mkdir -p "$OUT" "$PROFILES"
-LIMIT=${LIMIT:-240}  # seconds one bench may take before it is cut (a cut line is reported as missing, not fatal)
+LIMIT=${LIMIT:-240}  # seconds one bench may take before it is cut (a cut line is reported as missing, not fatal); a MobileNet line took 51 s at 32 px (20 of them cuDNN timing its convolutions) and under 110 s at 224 px
 PROFILE=${PROFILE:-1}  # 0: no --profile (its profiled window adds a minute or more a line; the speeds are the same)
 bench() {  # NAME ARGS...: one line, profiled into $OUT/profiles/NAME unless PROFILE=0
   local name=$1; shift
