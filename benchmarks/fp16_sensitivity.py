@@ -43,8 +43,11 @@ def main() -> None:
 
     ref = features()
 
+    def relative(f: torch.Tensor) -> np.ndarray:
+        return ((f - ref).norm(dim=1) / ref.norm(dim=1)).numpy()
+
     def error(f: torch.Tensor) -> str:
-        e = ((f - ref).norm(dim=1) / ref.norm(dim=1)).numpy()
+        e = relative(f)
         return f"worst {e.max():.4f}, median {np.median(e):.5f}"
 
     kinds = tuple(sorted({type(m) for m in leaves}, key=lambda t: t.__name__))
@@ -58,7 +61,7 @@ def main() -> None:
         kept = [p.clone() for _, p in params]
         for (name, p), keep in zip(params, kept):
             p.copy_(p.half().float())
-            worst.append((((features() - ref).norm(dim=1) / ref.norm(dim=1)).max().item(), name, tuple(p.shape)))
+            worst.append((float(relative(features()).max()), name, tuple(p.shape)))
             p.copy_(keep)
         for _, p in params:
             p.copy_(p.half().float())

@@ -332,11 +332,17 @@ def standardise(x: torch.Tensor, solarize: torch.Tensor, scale: torch.Tensor, sh
     return y.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
+@functools.lru_cache(maxsize=None)
+def _standardisation(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1 / std, -mean / std) as (1, 3, 1, 1) tensors on `device`, made once: per batch they were four more
+    launches on a host-bound step. Shared: never modify them in place."""
+    scale = 1.0 / augment.device_constant(augment.STD, device).view(1, 3, 1, 1)
+    return scale, -augment.device_constant(augment.MEAN, device).view(1, 3, 1, 1) * scale
+
+
 def finish(x: torch.Tensor, solarize: torch.Tensor, channels_last: bool) -> torch.Tensor:
     """The views the model reads: solarized where drawn, then (x - mean) / std (ImageNet's, as every path uses)."""
-    scale = 1.0 / augment.device_constant(augment.STD, x.device).view(1, 3, 1, 1)
-    shift = -augment.device_constant(augment.MEAN, x.device).view(1, 3, 1, 1) * scale
-    return _standardise(x, solarize, scale, shift, channels_last)
+    return _standardise(x, solarize, *_standardisation(x.device), channels_last)
 
 
 _colour = _on_cuda_compiled(colour)
@@ -380,15 +386,15 @@ def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size
     sides = [view_side(r, out_size) for r in recipes]
     # The views of each side, made as one batch: every two-view method's are one side, so one pass makes both.
     by_side = [[v for v, s in enumerate(sides) if s == side] for side in dict.fromkeys(sides)]
+    blurs = [any(recipes[v].blur_p > 0 for v in which) for which in by_side]  # a side blurs if any of its recipes can
 
     def make(b: int) -> list[torch.Tensor]:
         ps = draw_params(batch_size, recipes, src, seed, epoch, b)
         views: list = [None] * len(recipes)
-        for which in by_side:
+        for which, blur in zip(by_side, blurs):
             p = rows_of([ps[v] for v in which], rows)
             idx = torch.from_numpy(np.tile(order[b, rows], len(which)))  # these views of this rank's images
-            x = side_views(images, idx, p, sides[which[0]], any(recipes[v].blur_p > 0 for v in which), dtype,
-                           channels_last, device, graphs)
+            x = side_views(images, idx, p, sides[which[0]], blur, dtype, channels_last, device, graphs)
             for v, part in zip(which, x.split(per_rank)):
                 views[v] = part
         return views
