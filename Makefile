@@ -13,7 +13,8 @@ PRETRAIN_SRC := stages/pretrain.py train/runspec.py train/training.py train/reci
                 core/provenance.py $(wildcard train/methods/*.py)
 EVAL_SRC     := stages/linear_eval.py train/probe.py train/runspec.py core/provenance.py train/knn.py train/features.py train/verdict.py
 EXPORT_SRC   := stages/export.py export/encoder.py export/formats.py export/compression.py export/coreml.py export/onnx_format.py \
-                export/metadata.py core/quiet.py export/traced.py export/configs.py export/targets.py core/provenance.py
+                export/metadata.py core/quiet.py export/traced.py export/configs.py export/targets.py core/provenance.py \
+                train/backbones.py
 VALIDATE_SRC := stages/validate.py train/runspec.py export/formats.py export/compression.py export/coreml.py export/onnx_format.py export/mil_eval.py \
                 export/nn_eval.py export/parity.py train/probe.py core/coreml_runtime.py export/configs.py core/provenance.py
 REPORT_SRC   := stages/report.py stages/report_figures.py train/runspec.py train/verdict.py core/provenance.py

@@ -9,6 +9,9 @@ float32 [1, D].
 fp16 ML Program: everything from the global average pool on (pool, flatten, sum of squares, rsqrt, scale) stays in
 fp32; a ViT has no pool, and its tail starts at the final LayerNorm, whose class token is the feature. A sum of 2048
 squared features passes fp16's 65504 easily, and this tail costs nothing next to the convs.
+A backbone whose registry row says fp32_stem (EfficientNet-B0) also keeps its stem in fp32: every op from the input
+through the first conv (the input normalisation and the stem conv), since the fp16 rounding of the normalised input
+alone takes half of its fp16 error budget. The NeuralNetwork format cannot do that (export/formats.py refuses it).
 fp16 NeuralNetwork: a NeuralNetwork has no compute-precision setting; "fp16" there means fp16 *weights* (the device
 picks the compute precision), and the metadata says so.
 """
@@ -30,6 +33,7 @@ from export.targets import NEURALNETWORK_TARGET, SPEC_TARGETS
 from export.metadata import as_strings, input_description, output_description
 from core.quiet import conversion_bars_off, import_coremltools
 from core.errors import PipelineError
+from train.backbones import row
 
 POOL_OPS = ("reduce_mean", "avg_pool")  # the last one is the global pool (squeeze-excitation pools come before it)
 TAIL_WITHOUT_POOL = "layer_norm"  # a ViT: the last one is the final norm
@@ -60,15 +64,24 @@ def tail_ops(block) -> list:
     return tail
 
 
-def _after_pool_selector():
-    """op_selector for FP16ComputePrecision: True (fp16) for ops before the tail (tail_ops), False in it. The tail
-    is found once, from the first op asked about, in the block the pass walks."""
-    tail: dict[int, Any] = {}  # id -> op; holding the op keeps its id from being reused
+def stem_ops(block) -> list:
+    """The ops from the block's start through its first conv: the input normalisation and the stem convolution."""
+    ops = list(block.operations)
+    first_conv = next((i for i, op in enumerate(ops) if op.op_type == "conv"), -1)
+    return ops[: first_conv + 1]
+
+
+def _fp32_selector(fp32_stem: bool):
+    """op_selector for FP16ComputePrecision: False (fp32) for the tail (tail_ops) and, with fp32_stem, the stem
+    (stem_ops); True (fp16) for the rest. Found once, from the first op asked about, in the block the pass walks."""
+    kept: dict[int, Any] = {}  # id -> op; holding the op keeps its id from being reused
 
     def fp16(op) -> bool:
-        if not tail:
-            tail.update({id(t): t for t in tail_ops(op.enclosing_block)} or {0: None})  # {0: None}: no tail, asked
-        return id(op) not in tail
+        if not kept:
+            block = op.enclosing_block
+            ops = tail_ops(block) + (stem_ops(block) if fp32_stem else [])
+            kept.update({id(t): t for t in ops} or {0: None})  # {0: None}: nothing kept, asked
+        return id(op) not in kept
 
     return fp16
 
@@ -85,12 +98,16 @@ def program_ops(spec) -> list[tuple[str, str, str]]:
     return out
 
 
-def check_fp32_tail(spec) -> None:
-    """The L2 normalisation of an fp16 program must be fp32 in the saved program, not just requested."""
+def check_fp32_ops(spec, fp32_stem: bool) -> None:
+    """The L2 normalisation of an fp16 program (and, with fp32_stem, its first conv) must be fp32 in the saved
+    program, not just requested."""
     ops = program_ops(spec)
     tail = [(t, n, d) for t, n, d in ops if t in FP32_TAIL_OPS]
     if not tail or any(d != "fp32" for _, _, d in tail):
         raise PipelineError(f"fp16 ML Program keeps its L2 ops in {[(t, d) for t, _, d in tail]}, not fp32: refused")
+    stem = next((d for t, _, d in ops if t == "conv"), None)
+    if fp32_stem and stem != "fp32":
+        raise PipelineError(f"fp16 ML Program keeps its first conv in {stem}, not fp32 as its backbone needs: refused")
 
 
 def _set_metadata(model, meta: dict[str, Any]) -> None:
@@ -148,10 +165,12 @@ def write_mlpackage(program, path: Path, meta: dict[str, Any], precision: str, o
     ct = import_coremltools()
     target = options["deployment_target"]
     name = options.get("compress") or compression.NONE
+    fp32_stem = row(meta["backbone"]).fp32_stem
+    kept = f"{'input normalisation, first conv, ' if fp32_stem else ''}global pool and L2 normalisation in fp32"
     detail = {"precision": precision, "deployment_target": target,
-              "precision_detail": ("fp16 weights and activations; global pool and L2 normalisation in fp32"
-                                   if precision == "fp16" else "fp32 weights and activations")}
-    compute = (ct.transform.FP16ComputePrecision(op_selector=_after_pool_selector()) if precision == "fp16"
+              "precision_detail": (f"fp16 weights and activations; {kept}" if precision == "fp16"
+                                   else "fp32 weights and activations")}
+    compute = (ct.transform.FP16ComputePrecision(op_selector=_fp32_selector(fp32_stem)) if precision == "fp16"
                else ct.precision.FLOAT32)
     model = _convert(ct, program, meta["image_size"], convert_to="mlprogram", compute_precision=compute,
                      minimum_deployment_target=getattr(ct.target, target))
@@ -159,9 +178,9 @@ def write_mlpackage(program, path: Path, meta: dict[str, Any], precision: str, o
     if name != compression.NONE:
         model, config = _compress_ml_program(ct, model, name, target)
         detail["precision_detail"] = (f"{compression.COMPRESSIONS[name].what} weights, decompressed to fp16 by "
-                                      f"constexpr ops; fp16 activations; global pool and L2 normalisation in fp32")
+                                      f"constexpr ops; fp16 activations; {kept}")
     if precision == "fp16":
-        check_fp32_tail(model.get_spec())
+        check_fp32_ops(model.get_spec(), fp32_stem)
     model.save(str(path))  # once to measure the weight blob, whose size the metadata then carries
     call = {"linear": "linear_quantize_weights", "palettize": "palettize_weights", "prune": "prune_weights"}.get(
         compression.COMPRESSIONS[name].kind or "", "none")

@@ -22,6 +22,7 @@ from export import compression
 from export.targets import ML_PROGRAM_TARGET, ML_PROGRAM_TARGETS, NEURALNETWORK_TARGET, ipados
 from core.errors import PipelineError
 from core.rundir import compressed_file
+from train.backbones import row
 
 
 def lazy(module: str, name: str) -> Callable:
@@ -52,6 +53,7 @@ class Format:
     writer: Callable[..., dict] | None = None
     checker: Callable[..., tuple] | None = None
     libraries: tuple[str, ...] = ()  # what writing and checking it import (`pipeline doctor` lists their versions)
+    per_op_precision: bool = True  # can keep chosen ops in fp32 in an fp16 file (a backbone's fp32_stem needs it)
 
 
 FORMATS: dict[str, Format] = {
@@ -62,7 +64,8 @@ FORMATS: dict[str, Format] = {
                         ("coremltools",)),
     "mlmodel": Format("mlmodel", "coreml", "encoder.mlmodel", "Core ML NeuralNetwork, one file", ("fp16", "fp32"),
                       {"compress": (compression.NONE, compression.neuralnetwork_names())},
-                      lazy("export.coreml", "write_mlmodel"), lazy("export.coreml", "check_mlmodel"), ("coremltools",)),
+                      lazy("export.coreml", "write_mlmodel"), lazy("export.coreml", "check_mlmodel"), ("coremltools",),
+                      per_op_precision=False),  # fp16 weights; the device picks one compute precision for all ops
     "onnx": Format("onnx", "onnx", "encoder.onnx", "ONNX, one file, dynamic batch",
                    ("fp32",), {"opset": (18, (18, 19, 20, 21))},  # 17: the torch.export exporter writes 18 and
                    lazy("export.onnx_format", "write_onnx"),  # cannot down-convert (its converter fails on the Reduce ops)
@@ -141,6 +144,28 @@ def select_formats(to: str, coreml_format: str | None, precision: str | None, op
                 raise PipelineError(why)
         plan.append((f, precision or f.precisions[0], own))
     return plan
+
+
+def for_backbone(plan: list[tuple[Format, str, dict]], backbone: str, coreml_format: str | None,
+                 say=print) -> tuple[list[tuple[Format, str, dict]], set[str]]:
+    """(the plan without the formats that cannot hold this backbone within the parity bound, their keys). A backbone
+    whose stem must stay fp32 cannot go into a format with one precision for every op: refused in one line when the
+    user named that format, else left out with a note, so the default export writes every format that can hold it."""
+    if not row(backbone).fp32_stem:
+        return plan, set()
+    kept, left_out = [], set()
+    for entry in plan:
+        f = entry[0]
+        if f.per_op_precision:
+            kept.append(entry)
+            continue
+        why = (f"{f.file} cannot hold {backbone}: its stem must stay fp32 (in fp16 it breaks the 1 % parity bound), "
+               f"and {f.file} has one precision for every op; use --coreml-format mlpackage")
+        if coreml_format == f.key:
+            raise PipelineError(why)
+        say(f"not writing {why}")
+        left_out.add(f.key)
+    return kept, left_out
 
 
 def artifact_file(f: Format, own: dict[str, Any]) -> str:

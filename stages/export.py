@@ -16,7 +16,7 @@ from pathlib import Path
 
 from export import compression
 from export.encoder import load_encoder
-from export.formats import FORMATS, artifact_file, minimum_os, option_names, select_formats
+from export.formats import FORMATS, artifact_file, for_backbone, minimum_os, option_names, select_formats
 from export.targets import ipados
 from export.metadata import build_metadata
 from export.traced import example_input, load_traced
@@ -68,10 +68,10 @@ def _possible_files(f) -> list[str]:
     return list(dict.fromkeys(artifact_file(f, {"compress": c}) for c in f.options.get("compress", (None, (None,)))[1]))
 
 
-def _previous_entries(export_dir: Path, encoder_sha: str, rewritten: set[str], say) -> list[dict]:
+def _previous_entries(export_dir: Path, encoder_sha: str, rewritten: set[str], say, left_out: set[str]) -> list[dict]:
     """Artifacts this export does not rewrite (other formats, other compressions): kept (and listed) if made from
-    the same encoder.pt, removed if made from another one, so export/ never holds an artifact the sidecar does not
-    vouch for."""
+    the same encoder.pt, removed if made from another one or in a format that cannot hold its backbone (left_out),
+    so export/ never holds an artifact the sidecar does not vouch for."""
     sidecar = export_dir / SIDECAR
     old: dict[str, dict] = {}
     if sidecar.is_file():
@@ -86,7 +86,10 @@ def _previous_entries(export_dir: Path, encoder_sha: str, rewritten: set[str], s
             if file in rewritten or not path.exists():
                 continue
             entry = old.get(file)
-            if entry and entry.get("encoder_sha256") == encoder_sha and entry.get("format") == f.key:
+            if f.key in left_out:
+                _remove(path)
+                say(f"removed {path}: its format cannot hold this backbone")
+            elif entry and entry.get("encoder_sha256") == encoder_sha and entry.get("format") == f.key:
                 kept.append(entry)
             else:
                 _remove(path)
@@ -104,6 +107,7 @@ def run(cfg: ExportConfig, run_dir: Path, say=print) -> dict:
     options = {name: getattr(cfg, name) for name in option_names()}
     plan = select_formats(cfg.to, cfg.coreml_format, cfg.precision, options)  # refuse bad requests before any work
     _, state = load_encoder(encoder_path(run_dir))
+    plan, left_out = for_backbone(plan, state["backbone"], cfg.coreml_format, say)
     made_from = provenance.of_encoder(state)  # `pipeline export` re-strips a stale encoder.pt before this runs
     provenance.check(encoder_path(run_dir), made_from, run_dir,
                      f"{provenance.command('strip', run_dir)} && {provenance.command('trace', run_dir)}")
@@ -132,7 +136,7 @@ def run(cfg: ExportConfig, run_dir: Path, say=print) -> dict:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
-    artifacts = written + _previous_entries(export_dir, meta["encoder_sha256"], {e["file"] for e in written}, say)
+    artifacts = written + _previous_entries(export_dir, meta["encoder_sha256"], {e["file"] for e in written}, say, left_out)
     artifacts.sort(key=_order)
     sidecar = {**meta, "sha256_of_directory": "sha256 over each file in sorted relative-path order: its path, a NUL "
                                               "byte, its size (8 bytes, little-endian), its contents",

@@ -111,6 +111,7 @@ class Backbone:
     small_rule: str  # what the small stem changes, one line
     stride: tuple[int, int]  # total stride with the ImageNet stem, with the small one: the smallest image side
     export_ops: tuple[str, ...]  # MIL op types its ML Program holds besides the encoder's (export/encoder.ENCODER_OPS)
+    fp32_stem: bool = False  # fp16 Core ML keeps the input normalisation and first conv in fp32: fp16 there breaks parity
 
 
 BACKBONES: dict[str, Backbone] = {
@@ -125,7 +126,8 @@ BACKBONES: dict[str, Backbone] = {
     "mobilenet_v3_large": Backbone(partial(_mobile, "mobilenet_v3_large"), 960, "mobilenet",
                                    "MobileNetV3-Large", "first conv at stride 1", (32, 16), MOBILENET_OPS),
     "efficientnet_b0": Backbone(partial(_mobile, "efficientnet_b0"), 1280, "efficientnet",
-                                "EfficientNet-B0", "first conv at stride 1", (32, 16), EFFICIENTNET_OPS),
+                                "EfficientNet-B0", "first conv at stride 1", (32, 16), EFFICIENTNET_OPS,
+                                fp32_stem=True),  # half its fp16 error is the rounding of its normalised input
     "convnext_tiny": Backbone(partial(_convnext, "convnext_tiny"), 768, "convnext", "ConvNeXt-T",
                               "2x2 stride-2 patchify stem instead of 4x4 stride 4", (32, 16), CONVNEXT_OPS),
     # ViT-B/16 as torchvision's vit_b_16; ViT-S and ViT-Ti at DeiT's sizes (Touvron et al. 2021, Table 1)

@@ -118,3 +118,38 @@ def test_coreml_export_resnet18(tmp_path, tiny_overrides):
     assert "fp16" not in dtypes and "fp32" in dtypes
     check_coreml_io(spec, 16, 512)
     assert not [p for p in (out / rundir.EXPORT).iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+class _StemNet(torch.nn.Module):
+    """An input normalisation, two convs, a global pool and the L2 tail: the shape of every encoder's program."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.body = torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 3)
+
+    def forward(self, x):
+        x = self.body(torch.relu(self.stem((x / 255 - 0.5) / 0.25)))
+        x = x.mean((2, 3))
+        return x * torch.rsqrt((x * x).sum(1, keepdim=True).clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("fp32_stem", [False, True])
+def test_the_fp16_selector_keeps_the_stem_in_fp32_only_when_the_backbone_asks(fp32_stem):
+    """With fp32_stem, every op through the first conv is fp32 in the saved program and the rest of the body fp16;
+    without it only the tail is fp32. check_fp32_ops refuses a program whose stem came out fp16."""
+    from core.errors import PipelineError
+    from export.coreml import _convert, _fp32_selector, check_fp32_ops
+
+    program = torch.jit.trace(_StemNet().eval(), torch.rand(1, 3, 16, 16) * 255)
+    model = _convert(ct, program, 16, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS16,
+                     compute_precision=ct.transform.FP16ComputePrecision(op_selector=_fp32_selector(fp32_stem)))
+    ops = [(t, d) for t, _, d in program_ops(model.get_spec()) if t != "const"]
+    convs = [d for t, d in ops if t == "conv"]
+    assert convs == (["fp32", "fp16"] if fp32_stem else ["fp16", "fp16"])
+    first_conv = next(i for i, (t, _) in enumerate(ops) if t == "conv")
+    assert all(d == "fp32" for _, d in ops[:first_conv]) or not fp32_stem
+    assert [d for t, d in ops if t in ("reduce_mean", "reduce_sum", "rsqrt")] == ["fp32"] * 3
+    check_fp32_ops(model.get_spec(), fp32_stem)
+    if not fp32_stem:
+        with pytest.raises(PipelineError, match="first conv in fp16"):
+            check_fp32_ops(model.get_spec(), True)

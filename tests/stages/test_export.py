@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from export.formats import FORMATS, select_formats
+from export.formats import FORMATS, for_backbone, select_formats
+from train.backbones import BACKBONES
 from export.metadata import linear_eval_scores
 from core import rundir
 from core.errors import PipelineError
@@ -53,6 +54,21 @@ def test_format_table_defaults_and_impossible_combinations():
     for args, message in refused:
         with pytest.raises(PipelineError, match=message.replace("(", r"\(")):
             select_formats(*args)
+
+
+def test_a_format_with_one_precision_for_every_op_cannot_hold_a_backbone_whose_stem_stays_fp32():
+    """EfficientNet-B0's stem stays fp32 in fp16 Core ML (its registry row): an .mlmodel cannot do that, so the
+    default export leaves it out with a note and a request naming it is refused in one line."""
+    notes: list[str] = []
+    plan, left_out = for_backbone(select_formats("all", None, None, NO_OPTIONS), "efficientnet_b0", None, notes.append)
+    assert [f.key for f, _, _ in plan] == ["mlpackage", "onnx"] and left_out == {"mlmodel"}
+    assert notes == [notes[0]] and "encoder.mlmodel cannot hold efficientnet_b0" in notes[0]
+    with pytest.raises(PipelineError, match="use --coreml-format mlpackage"):
+        for_backbone(select_formats("coreml", "mlmodel", None, NO_OPTIONS), "efficientnet_b0", "mlmodel", notes.append)
+    whole = select_formats("all", None, None, NO_OPTIONS)
+    assert for_backbone(whole, "mobilenet_v3_small", None, notes.append) == (whole, set()) and len(notes) == 1
+    assert [name for name, b in BACKBONES.items() if b.fp32_stem] == ["efficientnet_b0"]
+    assert not FORMATS["mlmodel"].per_op_precision and FORMATS["mlpackage"].per_op_precision
 
 
 def test_cli_refuses_bad_requests_before_any_work(tmp_path):
