@@ -242,15 +242,14 @@ def test_resolve_fills_method_defaults():
 
 def test_cuda_graphs_policy():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert training.use_cuda_graphs("auto", cuda, 1, compiled=False)
-    assert training.use_cuda_graphs("auto", cuda, 2, compiled=False)  # several processes: flat-buffer all-reduce
-    assert not training.use_cuda_graphs("off", cuda, 1, compiled=False)
-    assert not training.use_cuda_graphs("auto", cuda, 1, compiled=True)  # compiled and graphed only when asked
-    assert training.use_cuda_graphs("on", cuda, 1, compiled=True)  # the compiled kernels captured in the graphs
+    assert training.use_cuda_graphs("auto", cuda, 1)  # compiled or not: a compiled backbone's kernels are captured
+    assert training.use_cuda_graphs("auto", cuda, 2)  # several processes: flat-buffer all-reduce
+    assert not training.use_cuda_graphs("off", cuda, 1)
+    assert training.use_cuda_graphs("on", cuda, 1)
     for device, world, sync_bn in [(cpu, 1, False), (cuda, 2, True)]:
-        assert not training.use_cuda_graphs("auto", device, world, False, sync_bn)
+        assert not training.use_cuda_graphs("auto", device, world, sync_bn)
         with pytest.raises(PipelineError, match="--cuda-graphs on needs CUDA without --sync-bn"):
-            training.use_cuda_graphs("on", device, world, False, sync_bn)
+            training.use_cuda_graphs("on", device, world, sync_bn)
 
 
 def test_compile_compiles_the_backbones_forward_so_graphs_can_capture_it(tiny_overrides, monkeypatch):
