@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import re
 import resource
 import statistics
 import sys
@@ -79,11 +80,35 @@ def _windows(step, warmup: int, windows: int, steps: int, device: torch.device) 
 # Host calls that wait for the GPU: the time in them is time the host had nothing to do (a GPU-bound step).
 WAIT_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
 
+# A GPU kernel's family, by the first pattern its name matches (case-insensitive), in this order: the names come
+# from cuDNN, cuBLAS, ATen and Triton, and some would match a later family too (cuDNN's attention kernels say
+# "cudnn", its convolutions "implicit_gemm", an ATen copy is an "elementwise_kernel" of a copy functor).
+KERNEL_FAMILIES = (
+    ("compiled (Triton)", r"^triton"),  # inductor's fused kernels, whatever ops they fused
+    ("attention", r"sdpa|flash|fmha|attention"),
+    ("convolution", r"fprop|dgrad|wgrad|implicit_gemm|conv|cudnn"),
+    ("matrix product", r"nvjet|gemm|cutlass|cublas"),
+    ("BatchNorm", r"batch_norm|batchnorm"),
+    ("layer norm", r"layer_norm"),
+    ("multi-tensor (optimizer, momentum update)", r"multi_tensor|foreach|fused_adam|fused_sgd"),
+    ("copy", r"copy|memcpy|memset|cat_batched|catarray"),
+    ("reduction, softmax", r"reduce|softmax|norm_kernel"),
+    ("elementwise", r"elementwise|functor"),
+)
+
+
+def kernel_family(name: str, category: str = "kernel") -> str:
+    """The family of a kernel named `name` (KERNEL_FAMILIES); a trace's memcpy and memset events are copies."""
+    if category in ("gpu_memcpy", "gpu_memset"):
+        return "copy"
+    return next((fam for fam, pattern in KERNEL_FAMILIES if re.search(pattern, name, re.IGNORECASE)), "other")
+
 
 def summarize_trace(events: list[dict], steps: int) -> dict:
     """Chrome-trace events of `steps` steps -> where the time went, per step: wall (first to last event), GPU busy
     (kernel and copy time on any stream, overlaps merged), kernel time per stream (the busiest is the main one),
-    host time blocked in WAIT_CALLS, and the five costliest kernels. GPU busy near 100 % means the GPU is the
+    host time blocked in WAIT_CALLS, GPU time per kernel family (KERNEL_FAMILIES), and the five costliest kernels.
+    GPU busy near 100 % means the GPU is the
     limit; well below, with little host waiting, means the host is."""
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
     timed = [e for e in events if "ts" in e and "dur" in e and e.get("ph") == "X"]
@@ -97,10 +122,13 @@ def summarize_trace(events: list[dict], steps: int) -> dict:
             end = s + d
     streams: dict = {}
     kernels: dict = {}
+    families: dict = {}
     for e in gpu:
         sid = e.get("args", {}).get("stream", -1)
         streams[sid] = streams.get(sid, 0.0) + e["dur"]
         kernels[e["name"]] = kernels.get(e["name"], 0.0) + e["dur"]
+        fam = kernel_family(e["name"], e["cat"])
+        families[fam] = families.get(fam, 0.0) + e["dur"]
     waited = sum(e["dur"] for e in timed if e.get("name") in WAIT_CALLS)
     ms = lambda us: round(us / 1000 / steps, 3)  # noqa: E731  trace times are microseconds
     ranked = sorted(streams.items(), key=lambda kv: -kv[1])
@@ -108,6 +136,7 @@ def summarize_trace(events: list[dict], steps: int) -> dict:
         "wall_ms_per_step": ms(wall), "gpu_busy_pct": round(100 * busy / wall, 1) if wall else 0.0,
         "gpu_ms_per_step": ms(busy), "host_wait_ms_per_step": ms(waited),
         "stream_kernel_ms_per_step": {("main" if i == 0 else f"stream {sid}"): ms(t) for i, (sid, t) in enumerate(ranked)},
+        "kernel_families_ms_per_step": {f: ms(t) for f, t in sorted(families.items(), key=lambda kv: -kv[1])},
         "top_kernels_ms_per_step": {name[:80]: ms(t) for name, t in sorted(kernels.items(), key=lambda kv: -kv[1])[:5]},
     }
 
@@ -318,6 +347,9 @@ def format_table(r: dict) -> str:
     for phase, p in r.get("profile", {}).items():
         rows.append((f"profile {phase}", f"{p['wall_ms_per_step']:.2f} ms/step, GPU busy {p['gpu_busy_pct']:.0f} %, "
                                          f"host waiting {p['host_wait_ms_per_step']:.2f} ms/step ({p['trace']})"))
+        if p.get("kernel_families_ms_per_step"):
+            rows.append(("", "GPU ms/step: " + ", ".join(f"{f} {t:.2f}" for f, t in
+                                                         p["kernel_families_ms_per_step"].items())))
     return "\n".join([head] + [f"  {k:<20s}{v}" for k, v in rows])
 
 

@@ -89,7 +89,36 @@ def test_trace_summary_merges_overlapping_kernels_and_names_the_main_stream():
     assert s["host_wait_ms_per_step"] == pytest.approx(0.003)
     assert s["stream_kernel_ms_per_step"] == {"main": pytest.approx(0.006), "stream 20": pytest.approx(0.003)}
     assert list(s["top_kernels_ms_per_step"]) == ["conv", "colour"]
+    assert s["kernel_families_ms_per_step"] == {"convolution": pytest.approx(0.006), "other": pytest.approx(0.003)}
     assert summarize_trace([], steps=1) == {}
+
+
+@pytest.mark.parametrize("name, family", [
+    # names as an H200's profiles of the backbones print them
+    ("sm90_xmma_dgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128", "convolution"),
+    ("void cudnn::cnn::wgrad2d_grouped_direct_kernel<false", "convolution"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4", "attention"),
+    ("nvjet_sm90_tst_192x192_64x3_1x2_h_bz_coopB_NNN", "matrix product"),
+    ("void at::native::batch_norm_backward_reduce_channels_last_kernel<4", "BatchNorm"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float", "layer norm"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda", "copy"),
+    ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>", "elementwise"),
+    ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::BFloat16", "reduction, softmax"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<TensorListMetadata<3>", "multi-tensor (optimizer, momentum update)"),
+    ("triton_per_fused__native_batch_norm_legit_functional_relu_0", "compiled (Triton)"),
+    ("some_new_kernel", "other"),
+])
+def test_kernel_families_name_each_kernel_by_the_first_pattern_it_matches(name, family):
+    from stages.bench import kernel_family
+
+    assert kernel_family(name) == family
+
+
+def test_a_trace_memcpy_is_a_copy_whatever_its_name():
+    from stages.bench import kernel_family
+
+    assert kernel_family("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy") == "copy"
+    assert kernel_family("Memset (Device)", "gpu_memset") == "copy"
 
 
 def test_profile_needs_cuda():
