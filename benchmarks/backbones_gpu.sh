@@ -16,10 +16,10 @@ PROFILES=${PROFILES:-$OUT/profiles}
 mkdir -p "$OUT" "$PROFILES"
 LIMIT=${LIMIT:-240}  # seconds one bench may take before it is cut (a cut line is reported as missing, not fatal); a MobileNet line took 51 s at 32 px (20 of them cuDNN timing its convolutions) and under 110 s at 224 px
 PROFILE=${PROFILE:-1}  # 0: no --profile (its profiled window adds a minute or more a line; the speeds are the same)
-bench() {  # NAME ARGS...: one line, profiled into $OUT/profiles/NAME unless PROFILE=0
+bench() {  # NAME ARGS...: one line, profiled into $OUT/profiles/NAME unless PROFILE=0; eager (--no-compile) as the tables were measured
   local name=$1; shift
   local prof=(); [[ $PROFILE == 0 ]] || prof=(--profile "$PROFILES/$name")
-  CUDA_VISIBLE_DEVICES=0 timeout "$LIMIT" python3 -m pipeline bench --json "${prof[@]}" "$@" \
+  CUDA_VISIBLE_DEVICES=0 timeout "$LIMIT" python3 -m pipeline bench --json --no-compile "${prof[@]}" "$@" \
     > "$PROFILES/$name.out" 2> "$PROFILES/$name.err" || { echo "FAILED $name: $(tail -n 2 "$PROFILES/$name.err")"; return 0; }
   tail -n 1 "$PROFILES/$name.out" | python3 -c "import json,sys; r=json.load(sys.stdin); r['name']='$name'; print(json.dumps(r))" \
     >> "$OUT/backbones.jsonl"

@@ -9,7 +9,8 @@ set -euo pipefail
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
-bench() { python3 -m pipeline bench --json "$@" >> "$OUT/bench.jsonl"; tail -n 1 "$OUT/bench.jsonl"; }
+# --no-compile: these are the tables' eager lines (a ResNet on CUDA compiles when --compile is unset)
+bench() { python3 -m pipeline bench --json --no-compile "$@" >> "$OUT/bench.jsonl"; tail -n 1 "$OUT/bench.jsonl"; }
 S="--method simclr --backbone resnet18 --image-size 32"
 L="--method simclr --backbone resnet50 --image-size 224 --warmup 5 --window-steps 10"
 

@@ -46,7 +46,7 @@ for method in ("simclr", "byol", "mocov3"):
 grads = {}
 for graphs in ("off", "on"):
     cfg = resolve(PretrainConfig(method="simclr", image_size=SIZE, batch_size=BATCH, epochs=1, device="cuda",
-                                 cuda_graphs=graphs, warmup_epochs=0.1))
+                                 cuda_graphs=graphs, compile=False, warmup_epochs=0.1))
     seed_everything(0)
     t, _ = build_training(cfg, device, steps_per_epoch=STEPS)
     t.model.train()

@@ -14,7 +14,8 @@ OUT=${1:?usage: bash benchmarks/scaling_gpu.sh OUT_DIR}
 mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 PY=${PYTHON:-python3}
-bench() { $PY -m pipeline bench --json "$@" >> "$OUT/bench.jsonl"; tail -n 1 "$OUT/bench.jsonl"; }
+# --no-compile: the eager step the table measured (a ResNet on CUDA compiles when --compile is unset)
+bench() { $PY -m pipeline bench --json --no-compile "$@" >> "$OUT/bench.jsonl"; tail -n 1 "$OUT/bench.jsonl"; }
 S="--method simclr --backbone resnet18 --image-size 32 --augment device --channels-last on"
 L="--method simclr --backbone resnet50 --image-size 224 --augment device --channels-last on --warmup 5 --window-steps 10"
 : > "$OUT/bench.jsonl"
@@ -40,7 +41,7 @@ PYEOF
 $PY benchmarks/recipe_datasets.py "$OUT/data" --only digits-sizes > /dev/null
 START=$(date +%s)
 $PY -m pipeline pretrain --method simclr --data "folder:$OUT/data/digits-sizes/train" --image-size 32 --epochs 100 \
-    --batch-size 1024 --device cuda --gpus 2 --out "$OUT/run-2gpu" 2>&1 | tail -n 4
+    --batch-size 1024 --device cuda --gpus 2 --no-compile --out "$OUT/run-2gpu" 2>&1 | tail -n 4
 echo "pretrain --gpus 2 wall: $(( $(date +%s) - START )) s"
 $PY -m pipeline strip --run "$OUT/run-2gpu" | tail -n 1
 $PY benchmarks/recipe_knn.py --train "$OUT/data/digits-sizes/train" --eval "$OUT/data/digits-sizes/eval" \

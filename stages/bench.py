@@ -8,7 +8,7 @@ For one configuration it reports
   device path that is the time to draw parameters and queue the augmentation kernels, whose GPU time shows in the
   ratio instead); augment ms: the batch source alone, per step; peak memory (CUDA: allocated by torch; CPU: the
   process's peak resident set, DataLoader workers not included); setup s: from building the model to the end of its
-  first step (graph capture, and with --compile the compiling; torch's compile cache makes a second run's shorter).
+  first step (graph capture, and for a compiled backbone the compiling; torch's compile cache makes a second run's shorter).
 Every figure is the median of several timed windows after warm-up; each window starts and ends with a device
 synchronisation, so GPU work is counted in the window that queued it. img/s counts images (each gives its method's
 views), over all processes. The images are synthetic uint8 noise at the store size (pixel values do not change
@@ -317,7 +317,7 @@ def result_of(cfg: BenchConfig, p: Plan, device: torch.device, world: int, mode:
         "batch_size": p.batch, "per_process_batch": p.batch // world, "processes": world, "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "augment": mode, "num_workers": default_workers(cfg.num_workers) if mode == "cpu" else 0,
-        "channels_last": training.channels_last, "compile": cfg.compile, "cuda_graphs": training.cuda_graphs,
+        "channels_last": training.channels_last, "compile": training.compiled, "cuda_graphs": training.cuda_graphs,
         "precision": ("fp64" if training.precision.param_dtype == torch.float64 else "fp32") if training.precision.backbone_dtype is None else str(training.precision.backbone_dtype).removeprefix("torch."),
         "torch": torch.__version__,
         "e2e_img_s": round(e2e_rate, 2), "ceiling_img_s": round(ceiling_rate, 2),
@@ -340,7 +340,8 @@ def format_table(r: dict) -> str:
         return format_timing(r)
     head = (f"{r['method']}/{r['backbone']} {r['image_size']} px, batch {r['batch_size']} "
             f"({r['processes']} x {r['per_process_batch']}), {r['device_name']}, augment {r['augment']}, "
-            f"channels_last {r['channels_last']}, CUDA graphs {r.get('cuda_graphs', False)}, {r['precision']}")
+            f"channels_last {r['channels_last']}, CUDA graphs {r.get('cuda_graphs', False)}, "
+            f"compiled {r.get('compile', False)}, {r['precision']}")
     rows = [("end-to-end", f"{r['e2e_img_s']:,.0f} img/s"), ("model-step ceiling", f"{r['ceiling_img_s']:,.0f} img/s"),
             ("ratio", f"{r['ratio']:.3f}"), ("data wait", f"{r['data_wait_pct']:.1f} %"),
             ("augment alone", f"{r['augment_ms_per_step']:.2f} ms/step"), ("peak memory", f"{r['peak_mem_gib']:.2f} GiB")]

@@ -20,6 +20,7 @@ import torch
 from core.device import precision_for
 from core.errors import PipelineError
 from train import augment, distributed
+from train.backbones import BACKBONES
 from train.configs import PretrainConfig
 from train.device_augment import device_view_batches
 from train.optim import build_optimizer, param_groups, warmup_cosine
@@ -76,6 +77,15 @@ def use_cuda_graphs(choice: str, device: torch.device, world: int, sync_bn: bool
         raise PipelineError("--cuda-graphs on needs CUDA without --sync-bn on several processes (this run: device "
                             f"{device.type}, {world} process(es), sync_bn {sync_bn}); use auto or off")
     return possible and choice in ("on", "auto")
+
+
+def use_compile(choice: bool | None, backbone: str, graphs: bool, world: int = 1) -> bool:
+    """--compile / --no-compile as typed; unset, on where it was measured faster: one process, inside the CUDA
+    graphs (compiled alone ran slower than eager in the graphs, 27,086 against 31,680 img/s), on a backbone whose
+    row says it pays (train/backbones.Backbone.compile_pays). Elsewhere not measured: eager."""
+    if choice is not None:
+        return choice
+    return graphs and world == 1 and BACKBONES[backbone].compile_pays
 
 
 def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, channels_last: bool, precision) -> None:
@@ -163,6 +173,7 @@ class Training:
     total_steps: int
     channels_last: bool
     cuda_graphs: bool = False
+    compiled: bool = False  # the backbone's forward through torch.compile (use_compile)
     grads: torch.Tensor | None = None  # several processes without SyncBN: the flat gradient buffer averaged each step
 
 
@@ -182,9 +193,10 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
         if device.type != "cuda":
             raise PipelineError("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU kernel (drop --sync-bn on CPU)")
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    if cfg.compile:  # the forward alone, so graph_backbone can capture the compiled kernels; state_dict keys stay
-        model.backbone.forward = torch.compile(model.backbone.forward)
     graphs = use_cuda_graphs(cfg.cuda_graphs, device, world, cfg.sync_bn)
+    compiled = use_compile(cfg.compile, cfg.backbone, graphs, world)
+    if compiled:  # the forward alone, so graph_backbone can capture the compiled kernels; state_dict keys stay
+        model.backbone.forward = torch.compile(model.backbone.forward)
     if graphs:  # the views at the run's size of this process's images go through the backbone as one batch
         full = augment.view_sizes(cfg.method, cfg.image_size).count(cfg.image_size)
         graph_backbone(model.backbone, full * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
@@ -201,7 +213,7 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
         else:  # one all-reduce of one flat buffer after the (graphed) backward: see distributed.flat_gradients
             grads = distributed.flat_gradients(model.parameters())
     return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last, graphs,
-                    grads), feat_dim
+                    compiled, grads), feat_dim
 
 
 def fp32_backbone(t: Training) -> torch.nn.Module:

@@ -252,6 +252,17 @@ def test_cuda_graphs_policy():
             training.use_cuda_graphs("on", device, world, sync_bn)
 
 
+def test_compile_policy_is_on_only_in_the_graphs_for_a_backbone_measured_faster():
+    """Unset: compiled where measured faster (one process, the CUDA graphs on, a row with compile_pays: ResNet-18
+    and -50), never outside the graphs (compiled alone ran slower than eager in the graphs); typed, as typed."""
+    from train.backbones import BACKBONES
+
+    assert [b for b in BACKBONES if training.use_compile(None, b, graphs=True)] == ["resnet18", "resnet50"]
+    assert not any(training.use_compile(None, b, graphs=False) for b in BACKBONES)  # the CPU, MPS, --sync-bn runs
+    assert not training.use_compile(None, "resnet18", graphs=True, world=2)  # several GPUs: not measured compiled
+    assert training.use_compile(True, "vit_t_16", graphs=False) and not training.use_compile(False, "resnet18", True)
+
+
 def test_compile_compiles_the_backbones_forward_so_graphs_can_capture_it(tiny_overrides, monkeypatch):
     """--compile swaps the backbone's forward for the compiled one (what make_graphed_callables then captures in
     its graphs; nn.Module.compile would wrap the module's call around it instead, and the graphs would replay from
