@@ -153,3 +153,24 @@ def test_the_fp16_selector_keeps_the_stem_in_fp32_only_when_the_backbone_asks(fp
     if not fp32_stem:
         with pytest.raises(PipelineError, match="first conv in fp16"):
             check_fp32_ops(model.get_spec(), True)
+
+
+@pytest.mark.parametrize("nbits", range(1, 8))
+def test_the_numpy_bit_packer_writes_coremltools_bytes(nbits):
+    """export.coreml.pack_bits stands in for coremltools' per-bit Python packer while a NeuralNetwork is palettized:
+    its bytes must be theirs for every width and for lengths that end mid-byte, and out-of-range bits are dropped."""
+    import numpy as np
+    from coremltools.models.neural_network import quantization_utils as qu
+
+    from export.coreml import _numpy_bit_packer, pack_bits
+
+    theirs = qu._convert_array_to_nbit_quantized_bytes
+    rng = np.random.default_rng(nbits)
+    for n in (0, 1, 3, 7, 8, 9, 15, 17, 1000):
+        values = rng.integers(0, 2 ** nbits, n, dtype=np.uint8)
+        assert pack_bits(values, nbits).tobytes() == theirs(values, nbits).tobytes(), (nbits, n)
+    wide = rng.integers(0, 256, 33, dtype=np.uint8)  # bits above nbits are not the packer's to keep
+    assert pack_bits(wide, nbits).tobytes() == theirs(wide, nbits).tobytes()
+    with _numpy_bit_packer(qu):
+        assert qu._convert_array_to_nbit_quantized_bytes is pack_bits
+    assert qu._convert_array_to_nbit_quantized_bytes is theirs
