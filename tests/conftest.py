@@ -7,8 +7,11 @@ import torch
 
 from tests.tiny_run import TINY
 
-# Tests run two at a time (pytest -n 2) on 2 cores: one thread each keeps them from fighting.
+# Tests run two at a time (pytest -n 2) on 2 cores: one thread each keeps them from fighting, in this process and in
+# every command a test starts (they inherit os.environ). OpenMP threads spin at each barrier: a pretrain subprocess
+# with two of them, beside the other worker on two cores, ran 4-5 times slower than with one.
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 

@@ -5,6 +5,7 @@ below a checkpoint's size, so the kernel refuses the write (EFBIG) as it refuses
 """
 
 import errno
+import os
 import resource
 import signal
 import subprocess
@@ -29,7 +30,8 @@ def _cap() -> None:
 
 def _limited(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], preexec_fn=_cap, capture_output=True,
-                          text=True, timeout=300, cwd=ROOT, env={"TQDM_DISABLE": "1", "PATH": "/usr/bin:/bin"})
+                          text=True, timeout=300, cwd=ROOT, env={"TQDM_DISABLE": "1", "PATH": "/usr/bin:/bin",
+                                                     "OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]})
 
 
 def _flags(**over) -> list[str]:
