@@ -12,14 +12,21 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCES = {  # backbone -> (earlier calls' files, this folder's files), as README.md lists them
     "mobilenet_v3_small": (["../mobilenet_v3_small-results.jsonl", "../mnv3s-seeds12/results.jsonl"], ["mnv3s-results.jsonl"]),
-    "vit_t_16": (["../vit_t_16-results.jsonl"], ["vitt0-results.jsonl", "vitt12-results.jsonl"]),
-    "mobilenet_v3_large": (["../mobilenet_v3_large-results.jsonl"], ["mnv3l-results.jsonl"]),
+    "vit_t_16": (["../vit_t_16-results.jsonl"], ["vitt0-results.jsonl", "vitt12-results.jsonl", "vitt-s12-results.jsonl"]),
+    "mobilenet_v3_large": (["../mobilenet_v3_large-results.jsonl"], ["mnv3l-results.jsonl", "mnv3l-s2-results.jsonl"]),
+    # ../more-backbones/README.md: the cells that ran out of GPU memory were run again in a later call
+    "resnet34": ([], ["../more-backbones/r34-s0-results.jsonl", "../more-backbones/r34-knn-rerun-results.jsonl"]),
+    "efficientnet_b0": ([], ["../more-backbones/eb0-s0-results.jsonl", "../more-backbones/eb0-rerun-results.jsonl"]),
+    "convnext_tiny": ([], ["../more-backbones/cn-digits-s0-results.jsonl"]),
+    "vit_s_16": ([], ["../more-backbones/vs-digits-s0-results.jsonl"]),
 }
 for backbone, (earlier, later) in SOURCES.items():
     seen, rows = set(), []
     for name in earlier + later:
         for line in (HERE / name).read_text().splitlines():
             r = json.loads(line)
+            if "failed" in r:  # a cell that failed and was run again later (the READMEs say which and why)
+                continue
             if name in earlier and r["dataset"] == "photos":
                 r["dataset"] = "photos-earlier-cut"
             key = (r["dataset"], r["method"], r.get("seed"), r.get("variant"))
