@@ -3,7 +3,8 @@ init of the same seeds, with the pretraining wall times.
 
     python benchmarks/recipe_summary.py OUT_DIR
 
-Reads OUT_DIR/results.jsonl (one line per kNN, written by benchmarks/recipe_knn.py) and OUT_DIR/wall.txt. Per cell:
+Reads OUT_DIR/results.jsonl (one line per kNN, written by benchmarks/recipe_knn.py) and OUT_DIR/wall.txt; a grid
+of several backbones gets one table per backbone (lines without a backbone tag are ResNet-18's). Per cell:
 mean ± sample standard deviation over seeds, [min, max], the gain over random init as the mean ± std of the
 per-seed paired differences, and the mean pretraining wall time (shared-GPU time when several ran at once).
 """
@@ -27,6 +28,22 @@ def spread(xs: list[float]) -> str:
 
 def summarize(out: Path) -> str:
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    lines = []
+    wall = out / "wall.txt"
+    if wall.is_file():
+        lines.append(wall.read_text().strip())
+    by_backbone: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_backbone[r.get("backbone", "resnet18")].append(r)
+    for backbone, its in by_backbone.items():
+        if len(by_backbone) > 1:
+            lines.append(f"## {backbone}")
+        lines += table(its)
+    return "\n".join(lines)
+
+
+def table(rows: list[dict]) -> list[str]:
+    """One backbone's lines: the cells' table, then its failed runs."""
     failed = [r for r in rows if "failed" in r]
     ok = [r for r in rows if "failed" not in r]
     random_init = {(r["dataset"], r["seed"]): r["knn_top1"] for r in ok if r["method"] == "random-init"}
@@ -35,9 +52,6 @@ def summarize(out: Path) -> str:
         if r["method"] != "random-init":
             cells[(r["dataset"], r["method"], r.get("variant", "auto"))].append(r)
     lines = []
-    wall = out / "wall.txt"
-    if wall.is_file():
-        lines.append(wall.read_text().strip())
     lines.append("kNN top-1 % (k=200, T=0.1, cosine) of eval images against train images; mean ± std [min, max] over "
                  "seeds; gain = mean ± std of per-seed (pretrained - random init of that seed)")
     lines.append("| dataset | method | variant (recipe) | seeds | kNN top-1 | random init | gain | pretrain wall s |")
@@ -61,7 +75,7 @@ def summarize(out: Path) -> str:
     for r in failed:
         lines.append(f"FAILED {r['dataset']} {r['method']} seed {r['seed']} {r.get('variant', '')}: {r['failed']} "
                      f"(log {r['log']})")
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

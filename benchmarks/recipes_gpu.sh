@@ -9,15 +9,16 @@
 #   bash benchmarks/recipes_gpu.sh OUT_DIR
 #
 # Everything is written under OUT_DIR: data/ (benchmarks/recipe_datasets.py's sets, unless DATA names a built
-# copy), runs/<dataset>/<method>-s<seed>[-<variant>]/ (full run directories), logs/, results.jsonl (one line per
-# kNN), wall.txt, summary.txt. Sized for about 12 minutes on one H200 with the defaults: 4 sets (~4,400 train
+# copy), runs/[<backbone>/]<dataset>/<method>-s<seed>[-<variant>]/ (full run directories), logs/, results.jsonl (one
+# line per kNN), wall.txt, summary.txt. Sized for about 12 minutes on one H200 with the defaults: 4 sets (~4,400 train
 # images each, 8 steps an epoch; digits 2), 3 methods, 3 seeds, JOBS trainings at once on the one GPU (a 32 px
 # ResNet-18 step is too small to fill an H200 alone, and the runs' start-up, strip and kNN overlap others' steps).
 # Each training holds its whole working set on the GPU (6-9 GiB at 32 px, batch 512, for the registry's backbones):
 # 16 at once fit an H200's 140 GiB, 24 (two grids of JOBS=12) ran it out of memory; count every grid sharing the GPU.
 #
 # Environment knobs: METHODS ("simclr byol mocov3"), SEEDS ("0 1 2"), DATASETS ("digits digits-sizes textures
-# photos"), BACKBONE (resnet18), EPOCHS (100), BATCH (512), IMAGE_SIZE (32), DEVICE (cuda), JOBS (4), DATA (OUT_DIR/data),
+# photos"), BACKBONE (resnet18; several names, e.g. "resnet34 vit_s_16", run as one grid under one JOBS cap, so a
+# call can fill the GPU with several backbones without two grids' caps adding up), EPOCHS (100), BATCH (512), IMAGE_SIZE (32), DEVICE (cuda), JOBS (4), DATA (OUT_DIR/data),
 # PYTHON (python3), VARIANTS: "label:extra pretrain flags;label2:flags" runs every cell once per variant, e.g.
 # VARIANTS="auto:;paper:--recipe paper" (default: one variant "auto" with no extra flag: what a user gets).
 # A smoke test on a CPU: EPOCHS=1 SEEDS=0 DEVICE=cpu JOBS=2 bash benchmarks/recipes_gpu.sh /tmp/recipes-smoke
@@ -38,6 +39,8 @@ DEVICE=${DEVICE:-cuda}
 JOBS=${JOBS:-4}
 DATA=${DATA:-$OUT/data}
 VARIANTS=${VARIANTS:-auto:}
+read -r -a _backbones <<< "$BACKBONE"
+N_BACKBONES=${#_backbones[@]}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TQDM_DISABLE=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT/logs" "$OUT/runs"
 RESULTS=$OUT/results.jsonl
@@ -56,60 +59,68 @@ now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
 # One cell: pretrain, strip, kNN; a failure is recorded as a result line (and its log kept), never fatal.
 run_cell() {
-  local ds=$1 method=$2 seed=$3 label=$4 flags=$5
+  local backbone=$1 ds=$2 method=$3 seed=$4 label=$5 flags=$6
+  local where="$ds" what="$ds"  # one backbone: the layout it always had; several: each backbone's own folder
+  (( N_BACKBONES > 1 )) && where="$backbone/$ds" what="$backbone $ds"
   if [[ $method == random-init ]]; then  # the baseline: the random init of every seed (a few seconds)
+    local log="$OUT/logs/${where//\//-}-random-init.log"
     # shellcheck disable=SC2086
     $PY benchmarks/recipe_knn.py --train "$DATA/$ds/train" --eval "$DATA/$ds/eval" --random-init --seed $SEEDS \
-      --backbone "$BACKBONE" --image-size "$IMAGE_SIZE" --device "$DEVICE" --results "$RESULTS" --tag "backbone=$BACKBONE" \
+      --backbone "$backbone" --image-size "$IMAGE_SIZE" --device "$DEVICE" --results "$RESULTS" --tag "backbone=$backbone" \
       --tag "dataset=$ds" --tag "method=random-init" \
-      --tag "variant=-" --tag "recipe=-" >"$OUT/logs/$ds-random-init.log" 2>&1 \
-      && echo "done $ds random init" \
-      || { echo "FAILED random init on $ds: see $OUT/logs/$ds-random-init.log"; tail -n 3 "$OUT/logs/$ds-random-init.log"; }
+      --tag "variant=-" --tag "recipe=-" >"$log" 2>&1 \
+      && echo "done $what random init" \
+      || { echo "FAILED random init on $what: see $log"; tail -n 3 "$log"; }
     return
   fi
   local name="$method-s$seed"; [[ "$label" != auto ]] && name+="-$label"
-  local run="$OUT/runs/$ds/$name" log="$OUT/logs/$ds-$name.log" t0 t1 t2
+  local run="$OUT/runs/$where/$name" log="$OUT/logs/${where//\//-}-$name.log" t0 t1 t2
   rm -rf "$run"
   t0=$(now_ms)
   # shellcheck disable=SC2086
-  if $PY -m pipeline pretrain --method "$method" --backbone "$BACKBONE" --data "folder:$DATA/$ds/train" --image-size "$IMAGE_SIZE" \
+  if $PY -m pipeline pretrain --method "$method" --backbone "$backbone" --data "folder:$DATA/$ds/train" --image-size "$IMAGE_SIZE" \
         --epochs "$EPOCHS" --batch-size "$BATCH" --device "$DEVICE" --seed "$seed" --out "$run" $flags >"$log" 2>&1; then
     t1=$(now_ms)
     if $PY -m pipeline strip --run "$run" >>"$log" 2>&1; then
       t2=$(now_ms)
       local recipe; recipe=$(sed -n 's/^recipe: //p' "$run/config.yaml")
       $PY benchmarks/recipe_knn.py --train "$DATA/$ds/train" --eval "$DATA/$ds/eval" --encoder "$run/export/encoder.pt" \
-        --device "$DEVICE" --results "$RESULTS" --tag "backbone=$BACKBONE" --tag "dataset=$ds" --tag "method=$method" --tag "seed=$seed" \
+        --device "$DEVICE" --results "$RESULTS" --tag "backbone=$backbone" --tag "dataset=$ds" --tag "method=$method" --tag "seed=$seed" \
         --tag "variant=$label" --tag "recipe=$recipe" --tag "flags=$flags" \
         --tag "pretrain_ms=$((t1 - t0))" --tag "strip_ms=$((t2 - t1))" >>"$log" 2>&1 \
-        || echo "{\"dataset\": \"$ds\", \"method\": \"$method\", \"seed\": \"$seed\", \"variant\": \"$label\", \"failed\": \"knn\", \"log\": \"$log\"}" >>"$RESULTS"
-      echo "done $ds $name ($(( (t1 - t0) / 1000 )) s pretrain, recipe $recipe)"
+        || echo "{\"backbone\": \"$backbone\", \"dataset\": \"$ds\", \"method\": \"$method\", \"seed\": \"$seed\", \"variant\": \"$label\", \"failed\": \"knn\", \"log\": \"$log\"}" >>"$RESULTS"
+      echo "done $what $name ($(( (t1 - t0) / 1000 )) s pretrain, recipe $recipe)"
       return
     fi
   fi
-  echo "{\"dataset\": \"$ds\", \"method\": \"$method\", \"seed\": \"$seed\", \"variant\": \"$label\", \"failed\": \"pretrain or strip\", \"log\": \"$log\"}" >>"$RESULTS"
-  echo "FAILED $ds $name: see $log"; tail -n 3 "$log" || true
+  echo "{\"backbone\": \"$backbone\", \"dataset\": \"$ds\", \"method\": \"$method\", \"seed\": \"$seed\", \"variant\": \"$label\", \"failed\": \"pretrain or strip\", \"log\": \"$log\"}" >>"$RESULTS"
+  echo "FAILED $what $name: see $log"; tail -n 3 "$log" || true
 }
 
-# The job list: the baselines first, then seeds outermost, so an early look at results.jsonl has every cell once.
+# The job list: the baselines first, then seeds outermost (backbones next, in the order given: name the slowest
+# first, so the last jobs to start are short ones), so an early look at results.jsonl has every cell once.
 JOBFILE=$OUT/jobs.tsv
 : > "$JOBFILE"
-for ds in $DATASETS; do printf '%s\t%s\t%s\t%s\t%s\n' "$ds" random-init all - "" >>"$JOBFILE"; done
+for bb in $BACKBONE; do
+  for ds in $DATASETS; do printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$bb" "$ds" random-init all - "" >>"$JOBFILE"; done
+done
 IFS=';' read -r -a VARIANT_LIST <<< "$VARIANTS"
 for seed in $SEEDS; do
-  for ds in $DATASETS; do
-    for method in $METHODS; do
-      for v in "${VARIANT_LIST[@]}"; do
-        printf '%s\t%s\t%s\t%s\t%s\n' "$ds" "$method" "$seed" "${v%%:*}" "${v#*:}" >>"$JOBFILE"
+  for bb in $BACKBONE; do
+    for ds in $DATASETS; do
+      for method in $METHODS; do
+        for v in "${VARIANT_LIST[@]}"; do
+          printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$bb" "$ds" "$method" "$seed" "${v%%:*}" "${v#*:}" >>"$JOBFILE"
+        done
       done
     done
   done
 done
-echo "$(grep -vc random-init "$JOBFILE") $BACKBONE trainings (and the random-init baselines), $JOBS jobs at a time on $DEVICE; logs in $OUT/logs"
+echo "$(grep -vc random-init "$JOBFILE") trainings of $BACKBONE (and the random-init baselines), $JOBS jobs at a time on $DEVICE; logs in $OUT/logs"
 
 running=0
-while IFS=$'\t' read -r ds method seed label flags; do
-  run_cell "$ds" "$method" "$seed" "$label" "$flags" </dev/null &  # stdin kept off the job list
+while IFS=$'\t' read -r bb ds method seed label flags; do
+  run_cell "$bb" "$ds" "$method" "$seed" "$label" "$flags" </dev/null &  # stdin kept off the job list
   running=$((running + 1))
   if (( running >= JOBS )); then
     wait -n || true
