@@ -18,7 +18,8 @@
 #
 # Environment knobs: METHODS ("simclr byol mocov3"), SEEDS ("0 1 2"), DATASETS ("digits digits-sizes textures
 # photos"), BACKBONE (resnet18; several names, e.g. "resnet34 vit_s_16", run as one grid under one JOBS cap, so a
-# call can fill the GPU with several backbones without two grids' caps adding up), EPOCHS (100), BATCH (512), IMAGE_SIZE (32), DEVICE (cuda), JOBS (4), DATA (OUT_DIR/data),
+# call can fill the GPU with several backbones without two grids' caps adding up), EPOCHS (100), BATCH (512),
+# IMAGE_SIZE (32), DEVICE (cuda), JOBS (4), DATA (OUT_DIR/data),
 # PYTHON (python3), VARIANTS: "label:extra pretrain flags;label2:flags" runs every cell once per variant, e.g.
 # VARIANTS="auto:;paper:--recipe paper" (default: one variant "auto" with no extra flag: what a user gets).
 # A smoke test on a CPU: EPOCHS=1 SEEDS=0 DEVICE=cpu JOBS=2 bash benchmarks/recipes_gpu.sh /tmp/recipes-smoke
