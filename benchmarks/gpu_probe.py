@@ -55,8 +55,8 @@ for method, src, out, batch in [("simclr", 256, 224, 256), ("simclr", 32, 32, 51
         gen.close()
     # One step's views on this thread's stream (the generator makes them on a worker thread's side stream, which
     # the profiler misses): side_views, what device_view_batches' make() runs for both views of the batch.
-    ps = device_augment.draw_params(batch, recipes, src, 0, 0, 1)
-    p = device_augment.rows_of(list(ps), slice(0, batch))
+    p = device_augment.rows_of(device_augment.draw_params(batch, recipes, src, 0, 0, 1), list(range(len(recipes))),
+                               slice(0, batch))
     idx = torch.arange(batch).repeat(len(recipes))
     blur = any(r.blur_p > 0 for r in recipes)
     views = functools.partial(device_augment.side_views, images, idx, p, out, blur, torch.float16, True, dev)

@@ -40,42 +40,78 @@ def view_sizes(method: str, image_size: int) -> tuple[int, ...]:
     return tuple(view_side(v, image_size) for v in METHODS[method].views)
 
 
-def sample_params(n: int, recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dict[str, torch.Tensor]:
-    """Per-image random parameters for one view of n square images of side src_size. Drawn with numpy: many small
-    draws cost far less in numpy than as torch's small-tensor ops, and the device path draws every view of each
-    batch on the host between GPU steps."""
+@functools.lru_cache(maxsize=64)
+def _draw_constants(recipes: tuple[ViewRecipe, ...]) -> dict[str, np.ndarray]:
+    """Each view's bounds (lo, hi - lo) and probabilities as arrays with the view first, made once per recipes: the
+    device path draws every step, and rebuilding them was a tenth of its host time."""
+    def span(lo_hi: list, dims: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = np.array(lo_hi, dtype=np.float64).T.reshape(2, len(recipes), *[1] * dims)
+        return lo, hi - lo
 
-    def u(lo, hi, shape=(n,)):
-        return lo + (hi - lo) * g.random(shape)
+    spans = {
+        "scale": span([r.crop_scale for r in recipes], 2),
+        "ratio": span([(math.log(r.crop_ratio[0]), math.log(r.crop_ratio[1])) for r in recipes], 2),
+        "brightness": span([(1 - r.brightness, 1 + r.brightness) for r in recipes], 1),
+        "contrast": span([(1 - r.contrast, 1 + r.contrast) for r in recipes], 1),
+        "saturation": span([(1 - r.saturation, 1 + r.saturation) for r in recipes], 1),
+        "hue": span([(-r.hue, r.hue) for r in recipes], 1),
+        "sigma": span([r.blur_sigma for r in recipes], 1),
+    }
+    ps = {p: np.array([getattr(r, p) for r in recipes], dtype=np.float64)[:, None]
+          for p in ("flip_p", "jitter_p", "gray_p", "blur_p", "solarize_p")}
+    return {**spans, **ps}
+
+
+def draw_views(n: int, recipes, src_size: int, g: np.random.Generator) -> dict[str, np.ndarray]:
+    """Per-image random parameters of each recipe's view for n square images of side src_size: each parameter an
+    array with the view first (views x n x ...). View v's parameters are the ROW_DRAWS * n numbers of g after view
+    v-1's, in the order one view draws them one parameter at a time (tests/train/test_augment.py keeps that naive
+    form as the reference); the views are computed together in one numpy pass each, since at a step's sizes numpy's
+    per-call cost, not its arithmetic, is the time, and the device path pays it on the host every step."""
+    recipes = tuple(recipes)
+    views, draws, c = len(recipes), g.random((len(recipes), ROW_DRAWS * n)), _draw_constants(recipes)
+
+    def drawn(i: int, width: int = 1) -> np.ndarray:  # draws i.. of every image of every view: views x n (x width)
+        x = draws[:, n * i:n * (i + width)].reshape(views, n, width)
+        return x[..., 0] if width == 1 else x
+
+    def between(name: str, x: np.ndarray) -> np.ndarray:  # lo + (hi - lo) * x, each view its own (lo, hi)
+        lo, width = c[name]
+        return lo + width * x
 
     # RandomResizedCrop: ten tries of (area, aspect) per image, the first that fits wins, else the whole image.
     area = src_size * src_size
-    tries = 10
-    scale = u(*recipe.crop_scale, shape=(n, tries))
-    ratio = np.exp(u(math.log(recipe.crop_ratio[0]), math.log(recipe.crop_ratio[1]), shape=(n, tries)))
+    scale = between("scale", drawn(0, 10))
+    ratio = np.exp(between("ratio", drawn(10, 10)))
     w = np.round(np.sqrt(area * scale * ratio))
     h = np.round(np.sqrt(area * scale / ratio))
     fits = (w > 0) & (h > 0) & (w <= src_size) & (h <= src_size)
-    first, found = fits.argmax(1), fits.any(1)
-    w = np.where(found, w[np.arange(n), first], float(src_size))
-    h = np.where(found, h[np.arange(n), first], float(src_size))
-    top = np.floor(g.random(n) * (src_size - h + 1))
-    left = np.floor(g.random(n) * (src_size - w + 1))
-    p = {
-        "crop": np.stack([top, left, h, w], 1).astype(np.int64),
-        "flip": g.random(n) < recipe.flip_p,
-        "jitter": g.random(n) < recipe.jitter_p,
-        "brightness": u(1 - recipe.brightness, 1 + recipe.brightness).astype(np.float32),
-        "contrast": u(1 - recipe.contrast, 1 + recipe.contrast).astype(np.float32),
-        "saturation": u(1 - recipe.saturation, 1 + recipe.saturation).astype(np.float32),
-        "hue": u(-recipe.hue, recipe.hue).astype(np.float32),
-        "jitter_order": g.random((n, 4)).argsort(1),  # n uniform random orders of the 4 jitter ops
-        "gray": g.random(n) < recipe.gray_p,
-        "blur": g.random(n) < recipe.blur_p,
-        "sigma": u(*recipe.blur_sigma).astype(np.float32),
-        "solarize": g.random(n) < recipe.solarize_p,
+    first, found = fits.argmax(-1).ravel(), fits.any(-1)
+    every = np.arange(views * n)
+    w = np.where(found, w.reshape(-1, 10)[every, first].reshape(views, n), float(src_size))
+    h = np.where(found, h.reshape(-1, 10)[every, first].reshape(views, n), float(src_size))
+    top = np.floor(drawn(20) * (src_size - h + 1))
+    left = np.floor(drawn(21) * (src_size - w + 1))
+    return {
+        "crop": np.stack([top, left, h, w], -1).astype(np.int64),
+        "flip": drawn(22) < c["flip_p"],
+        "jitter": drawn(23) < c["jitter_p"],
+        "brightness": between("brightness", drawn(24)).astype(np.float32),
+        "contrast": between("contrast", drawn(25)).astype(np.float32),
+        "saturation": between("saturation", drawn(26)).astype(np.float32),
+        "hue": between("hue", drawn(27)).astype(np.float32),
+        "jitter_order": drawn(28, 4).argsort(-1),  # n uniform random orders of the 4 jitter ops
+        "gray": drawn(32) < c["gray_p"],
+        "blur": drawn(33) < c["blur_p"],
+        "sigma": between("sigma", drawn(34)).astype(np.float32),
+        "solarize": drawn(35) < c["solarize_p"],
     }
-    return {k: torch.from_numpy(v) for k, v in p.items()}
+
+
+def sample_params(n: int, recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dict[str, torch.Tensor]:
+    """Per-image random parameters for one view of n square images of side src_size (draw_views of one view), as
+    tensors. Drawn with numpy: many small draws cost far less in numpy than as torch's small-tensor ops."""
+    return {k: torch.from_numpy(np.ascontiguousarray(v[0])) for k, v in draw_views(n, [recipe], src_size, g).items()}
 
 
 ROW_DRAWS = 36  # the numbers sample_params(1, ...) takes from its generator: 10 + 10 crop tries, then 16

@@ -4,7 +4,7 @@ method declares (the views of one size made together, in one pass over the batch
 Why not torchvision.transforms.v2 on a batch tensor: a v2 transform draws ONE set of random parameters per call
 and applies it to every image it is given, so a batch would share one crop, one flip and one colour change. SSL
 learns from the variety between the views of each image, and a shared draw removes most of it. Here row i of
-the parameters that `augment.sample_params` draws is applied to image i, as the CPU reference
+the parameters that `augment.draw_views` draws is applied to image i, as the CPU reference
 (`augment.apply_view`) does one image at a time; given the same rows the two agree to float rounding
 (tests/train/test_device_augment.py).
 
@@ -22,7 +22,7 @@ How each op becomes a few whole-batch kernels (no per-image launch, no device-to
 - every image goes through every op and the views of a batch are made by the same kernels on the same shapes
   whatever was drawn: so on CUDA one graph replays them all (ViewGraph), one launch instead of dozens.
 
-The parameters of a batch are drawn on the host by `augment.sample_params` from one generator seeded by
+The parameters of a batch are drawn on the host by `augment.draw_views` from one generator seeded by
 (seed, epoch, batch): a pure function of the step on every device, so a resumed run sees the same views as an
 uninterrupted one, and N processes each applying their share of the global batch's rows see exactly what one
 process would. The draws differ from the CPU path's (whose generators are per image); the distribution is the
@@ -55,53 +55,63 @@ def batch_seed(seed: int, epoch: int, batch: int) -> int:
     return (augment.view_seed(seed, epoch, batch) * 2 + 1) % (1 << 63)
 
 
-def draw_params(n: int, recipes, src_size: int, seed: int, epoch: int, batch: int) -> tuple[dict, ...]:
-    """Each view's parameters for a batch of n images, views in order from one generator, drawn on the host
-    (cheap: n rows of numbers). A view's draws do not depend on the views after it."""
-    g = np.random.default_rng(batch_seed(seed, epoch, batch))
-    return tuple(augment.sample_params(n, recipe, src_size, g) for recipe in recipes)
+def draw_params(n: int, recipes, src_size: int, seed: int, epoch: int, batch: int) -> dict[str, np.ndarray]:
+    """Every view's parameters for a batch of n images (augment.draw_views: the view first, views x n x ...), from
+    one generator seeded by the batch, drawn on the host (cheap: n rows of numbers). A view's draws do not depend
+    on the views after it."""
+    return augment.draw_views(n, recipes, src_size, np.random.default_rng(batch_seed(seed, epoch, batch)))
 
 
-def rows_of(ps: list[dict], rows: slice) -> dict:
-    """The given rows of each view's parameters, views one after another, as numpy arrays (fast on the host)."""
-    return {k: np.concatenate([np.asarray(p[k])[rows] for p in ps]) for k in ps[0]}
+def rows_of(drawn: dict[str, np.ndarray], views: list[int], rows: slice) -> dict[str, np.ndarray]:
+    """The given rows of the given views' parameters, views one after another: the rows of one batch of views."""
+    return {k: v[views, rows].reshape(-1, *v.shape[2:]) for k, v in drawn.items()}
 
 
 def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict]:
     """Parameter rows -> one float table of per-image numbers (it travels to the device in one copy) and its column
     slices. Every op has a column for every image, an identity where the image does not get it, so the work on the
-    device has the same shapes whatever was drawn."""
+    device has the same shapes whatever was drawn. Each column is computed in float64 and written straight into
+    the float32 table (one rounding, as a float64 table cast once would round): this runs on the host every step."""
     p = {k: np.asarray(v) for k, v in p.items()}
     m = len(p["flip"])
     # Each image's 4 jitter ops in its own order, split at hue (every order holds it): up to 3 blends before, the
     # HSV hue step once, up to 3 blends after; empty slots are identities. One hue pass for the batch instead of
     # one per round (hue is the costly op).
-    order = p["jitter_order"]
-    at_hue = np.argmax(order == HUE, axis=1)  # position of hue in each order
+    # (Row r's element j of an (m, w) array is element r * w + j of its flat copy: np.take of those flat indices
+    # picks one element per row and slot in one call, several times faster than 2-d fancy indexing at these sizes.)
+    order, each = p["jitter_order"], np.arange(m)[:, None]
+    at_hue = np.argmax(order == HUE, axis=1)[:, None]  # position of hue in each order
     slot = np.arange(3)[None, :]
-    before = np.where(slot < at_hue[:, None], order[:, :3], -1)
-    after = np.where(slot + at_hue[:, None] + 1 < 4, np.take_along_axis(order, np.minimum(slot + at_hue[:, None] + 1, 3), 1), -1)
+    before = np.where(slot < at_hue, order[:, :3], -1)
+    after = np.where(slot + at_hue + 1 < 4, np.take(order, each * 4 + np.minimum(slot + at_hue + 1, 3)), -1)
     rounds = np.where(p["jitter"][:, None], np.concatenate([before, after], 1), -1)  # (m, 6): blend op per slot, -1 none
     factor = np.stack([p["brightness"], p["contrast"], p["saturation"]], 1).astype(np.float64)
-    a = np.where(rounds >= 0, np.take_along_axis(factor, np.clip(rounds, 0, 2), 1), 1.0)
+    a = np.where(rounds >= 0, np.take(factor, each * 3 + np.clip(rounds, 0, 2)), 1.0)
     k = augment.blur_kernel_size(out_size)
+    widths = {"crop": 4, "flip": 1, "a": 6, "sat": 6, "con": 6, "hue_on": 1, "hue": 1, "gray": 1, "blur": k, "solarize": 1}
+    at, width = {}, 0
+    for name, w in widths.items():
+        at[name] = slice(width, width + w)
+        width += w
+    table = np.empty((m, width), np.float32)
+
+    def put(name: str, values) -> None:
+        table[:, at[name]] = np.asarray(values, dtype=np.float64).reshape(m, -1)
+
+    # brightness: a*x; contrast: a*x + (1-a)*mean grey; saturation: a*x + (1-a)*grey(x); others a=1
+    put("crop", p["crop"])
+    put("flip", p["flip"])
+    put("a", a)
+    put("sat", np.where(rounds == 2, 1 - a, 0.0))
+    put("con", np.where(rounds == 1, 1 - a, 0.0))
+    put("hue_on", p["jitter"])
+    put("hue", p["hue"])
+    put("gray", p["gray"])
     gauss = np.exp(-0.5 * ((np.arange(k) - k // 2)[None, :] / p["sigma"].astype(np.float64)[:, None]) ** 2)
     # Not blurred: the kernel [0 .. 1 .. 0], which the blur's matrix products pass through exactly.
-    gauss = np.where(np.asarray(p["blur"], bool)[:, None], gauss / gauss.sum(1, keepdims=True), np.arange(k) == k // 2)
-    cols = {
-        "crop": p["crop"], "flip": p["flip"],
-        # brightness: a*x; contrast: a*x + (1-a)*mean grey; saturation: a*x + (1-a)*grey(x); others a=1
-        "a": a, "sat": np.where(rounds == 2, 1 - a, 0.0), "con": np.where(rounds == 1, 1 - a, 0.0),
-        "hue_on": p["jitter"], "hue": p["hue"], "gray": p["gray"],
-        "blur": gauss, "solarize": p["solarize"],
-    }
-    at, parts, width = {}, [], 0
-    for name, values in cols.items():
-        values = np.asarray(values, dtype=np.float64).reshape(m, -1)
-        at[name] = slice(width, width + values.shape[1])
-        width += values.shape[1]
-        parts.append(values)
-    return np.concatenate(parts, 1).astype(np.float32), at
+    put("blur", np.where(np.asarray(p["blur"], bool)[:, None], gauss / gauss.sum(1, keepdims=True), np.arange(k) == k // 2))
+    put("solarize", p["solarize"])
+    return table, at
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -389,10 +399,10 @@ def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size
     blurs = [any(recipes[v].blur_p > 0 for v in which) for which in by_side]  # a side blurs if any of its recipes can
 
     def make(b: int) -> list[torch.Tensor]:
-        ps = draw_params(batch_size, recipes, src, seed, epoch, b)
+        drawn = draw_params(batch_size, recipes, src, seed, epoch, b)
         views: list = [None] * len(recipes)
         for which, blur in zip(by_side, blurs):
-            p = rows_of([ps[v] for v in which], rows)
+            p = rows_of(drawn, which, rows)
             idx = torch.from_numpy(np.tile(order[b, rows], len(which)))  # these views of this rank's images
             x = side_views(images, idx, p, sides[which[0]], blur, dtype, channels_last, device, graphs)
             for v, part in zip(which, x.split(per_rank)):

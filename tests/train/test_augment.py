@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -29,6 +31,54 @@ def test_crop_params_are_valid():
     assert area.min() >= 0.07 and area.max() <= 1.0
     assert 0.4 < p["flip"].float().mean() < 0.6
     assert sorted(p["jitter_order"][0].tolist()) == [0, 1, 2, 3]
+
+
+def _one_view_naively(n: int, recipe, src: int, g: np.random.Generator) -> dict[str, np.ndarray]:
+    """The reference for draw_views: one view's parameters drawn one at a time, a numpy call each, in the order
+    the views' stream holds them (crop scales, crop ratios, top, left, flip, jitter, brightness, contrast,
+    saturation, hue, jitter order, gray, blur, sigma, solarize)."""
+    def u(lo, hi, shape=(n,)):
+        return lo + (hi - lo) * g.random(shape)
+
+    area = src * src
+    scale = u(*recipe.crop_scale, shape=(n, 10))
+    ratio = np.exp(u(math.log(recipe.crop_ratio[0]), math.log(recipe.crop_ratio[1]), shape=(n, 10)))
+    crops = []
+    for i in range(n):  # per image: the first of ten tries that fits, else the whole image
+        w, h = float(src), float(src)
+        for t in range(10):
+            tw, th = np.round(np.sqrt(area * scale[i, t] * ratio[i, t])), np.round(np.sqrt(area * scale[i, t] / ratio[i, t]))
+            if 0 < tw <= src and 0 < th <= src:
+                w, h = tw, th
+                break
+        crops.append((h, w))
+    h, w = np.array(crops).T
+    top, left = np.floor(g.random(n) * (src - h + 1)), np.floor(g.random(n) * (src - w + 1))
+    return {
+        "crop": np.stack([top, left, h, w], 1).astype(np.int64),
+        "flip": g.random(n) < recipe.flip_p, "jitter": g.random(n) < recipe.jitter_p,
+        "brightness": u(1 - recipe.brightness, 1 + recipe.brightness).astype(np.float32),
+        "contrast": u(1 - recipe.contrast, 1 + recipe.contrast).astype(np.float32),
+        "saturation": u(1 - recipe.saturation, 1 + recipe.saturation).astype(np.float32),
+        "hue": u(-recipe.hue, recipe.hue).astype(np.float32),
+        "jitter_order": np.array([sorted(range(4), key=row.__getitem__) for row in g.random((n, 4))]),
+        "gray": g.random(n) < recipe.gray_p, "blur": g.random(n) < recipe.blur_p,
+        "sigma": u(*recipe.blur_sigma).astype(np.float32), "solarize": g.random(n) < recipe.solarize_p,
+    }
+
+
+@pytest.mark.parametrize("method,size,src", [("simclr", 32, 32), ("byol", 96, 100), ("mocov3", 224, 256), ("byol", 16, 9)])
+def test_draw_views_draws_what_each_view_drawn_one_parameter_at_a_time_would(method, size, src):
+    """All views in one pass, bit for bit the naive draws: every view's parameters, their dtypes, and the stream
+    left after them (tiny sources exercise the crop's fallback to the whole image)."""
+    recipes = augment.recipes_for(method, size)
+    for seed, n in ((0, 1), (1, 7), (2, 300)):
+        g, ref = np.random.default_rng(seed), np.random.default_rng(seed)
+        drawn = augment.draw_views(n, recipes, src, g)
+        for v, recipe in enumerate(recipes):
+            for k, x in _one_view_naively(n, recipe, src, ref).items():
+                assert drawn[k][v].dtype == x.dtype and np.array_equal(drawn[k][v], x), (method, seed, v, k)
+        assert g.random() == ref.random()
 
 
 def test_identity_params_give_the_image_back():
