@@ -70,8 +70,8 @@ def rows_of(drawn: dict[str, np.ndarray], views: list[int], rows: slice) -> dict
 def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict]:
     """Parameter rows -> one float table of per-image numbers (it travels to the device in one copy) and its column
     slices. Every op has a column for every image, an identity where the image does not get it, so the work on the
-    device has the same shapes whatever was drawn. Each column is computed in float64 and written straight into
-    the float32 table (one rounding, as a float64 table cast once would round): this runs on the host every step."""
+    device has the same shapes whatever was drawn. Each column is written straight into the float32 table (one
+    rounding of the float64 ones, as a float64 table cast once would round): this runs on the host every step."""
     p = {k: np.asarray(v) for k, v in p.items()}
     m = len(p["flip"])
     # Each image's 4 jitter ops in its own order, split at hue (every order holds it): up to 3 blends before, the
@@ -88,29 +88,24 @@ def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict]:
     factor = np.stack([p["brightness"], p["contrast"], p["saturation"]], 1).astype(np.float64)
     a = np.where(rounds >= 0, np.take(factor, each * 3 + np.clip(rounds, 0, 2)), 1.0)
     k = augment.blur_kernel_size(out_size)
-    widths = {"crop": 4, "flip": 1, "a": 6, "sat": 6, "con": 6, "hue_on": 1, "hue": 1, "gray": 1, "blur": k, "solarize": 1}
-    at, width = {}, 0
-    for name, w in widths.items():
-        at[name] = slice(width, width + w)
-        width += w
-    table = np.empty((m, width), np.float32)
-
-    def put(name: str, values) -> None:
-        table[:, at[name]] = np.asarray(values, dtype=np.float64).reshape(m, -1)
-
-    # brightness: a*x; contrast: a*x + (1-a)*mean grey; saturation: a*x + (1-a)*grey(x); others a=1
-    put("crop", p["crop"])
-    put("flip", p["flip"])
-    put("a", a)
-    put("sat", np.where(rounds == 2, 1 - a, 0.0))
-    put("con", np.where(rounds == 1, 1 - a, 0.0))
-    put("hue_on", p["jitter"])
-    put("hue", p["hue"])
-    put("gray", p["gray"])
     gauss = np.exp(-0.5 * ((np.arange(k) - k // 2)[None, :] / p["sigma"].astype(np.float64)[:, None]) ** 2)
-    # Not blurred: the kernel [0 .. 1 .. 0], which the blur's matrix products pass through exactly.
-    put("blur", np.where(np.asarray(p["blur"], bool)[:, None], gauss / gauss.sum(1, keepdims=True), np.arange(k) == k // 2))
-    put("solarize", p["solarize"])
+    cols = {
+        "crop": p["crop"], "flip": p["flip"],
+        # brightness: a*x; contrast: a*x + (1-a)*mean grey; saturation: a*x + (1-a)*grey(x); others a=1
+        "a": a, "sat": np.where(rounds == 2, 1 - a, 0.0), "con": np.where(rounds == 1, 1 - a, 0.0),
+        "hue_on": p["jitter"], "hue": p["hue"], "gray": p["gray"],
+        # Not blurred: the kernel [0 .. 1 .. 0], which the blur's matrix products pass through exactly.
+        "blur": np.where(np.asarray(p["blur"], bool)[:, None], gauss / gauss.sum(1, keepdims=True), np.arange(k) == k // 2),
+        "solarize": p["solarize"],
+    }
+    cols = {name: np.asarray(values).reshape(m, -1) for name, values in cols.items()}  # bool, int, float32 or 64
+    at, width = {}, 0
+    for name, values in cols.items():
+        at[name] = slice(width, width + values.shape[1])
+        width += values.shape[1]
+    table = np.empty((m, width), np.float32)
+    for name, values in cols.items():
+        table[:, at[name]] = values
     return table, at
 
 
