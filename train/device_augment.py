@@ -70,7 +70,7 @@ def rows_of(drawn: dict[str, np.ndarray], views: list[int], rows: slice) -> dict
 def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict]:
     """Parameter rows -> one float table of per-image numbers (it travels to the device in one copy) and its column
     slices. Every op has a column for every image, an identity where the image does not get it, so the work on the
-    device has the same shapes whatever was drawn. Each column is written straight into the float32 table (one
+    device has the same shapes whatever was drawn. The columns are joined straight into the float32 table (one
     rounding of the float64 ones, as a float64 table cast once would round): this runs on the host every step."""
     p = {k: np.asarray(v) for k, v in p.items()}
     m = len(p["flip"])
@@ -103,10 +103,7 @@ def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict]:
     for name, values in cols.items():
         at[name] = slice(width, width + values.shape[1])
         width += values.shape[1]
-    table = np.empty((m, width), np.float32)
-    for name, values in cols.items():
-        table[:, at[name]] = values
-    return table, at
+    return np.concatenate(list(cols.values()), axis=1, dtype=np.float32), at
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

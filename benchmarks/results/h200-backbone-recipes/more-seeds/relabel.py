@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = {  # backbone -> (earlier calls' files, this folder's files), as README.md lists them
+SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the READMEs list them
     "mobilenet_v3_small": (["../mobilenet_v3_small-results.jsonl", "../mnv3s-seeds12/results.jsonl"], ["mnv3s-results.jsonl"]),
     "vit_t_16": (["../vit_t_16-results.jsonl"], ["vitt0-results.jsonl", "vitt12-results.jsonl", "vitt-s12-results.jsonl"]),
     "mobilenet_v3_large": (["../mobilenet_v3_large-results.jsonl"], ["mnv3l-results.jsonl", "mnv3l-s2-results.jsonl"]),
