@@ -15,8 +15,11 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
     "vit_t_16": (["../vit_t_16-results.jsonl"], ["vitt0-results.jsonl", "vitt12-results.jsonl", "vitt-s12-results.jsonl"]),
     "mobilenet_v3_large": (["../mobilenet_v3_large-results.jsonl"], ["mnv3l-results.jsonl", "mnv3l-s2-results.jsonl"]),
     # ../more-backbones/README.md: the cells that ran out of GPU memory were run again in a later call
-    "resnet34": ([], ["../more-backbones/r34-s0-results.jsonl", "../more-backbones/r34-knn-rerun-results.jsonl"]),
-    "efficientnet_b0": ([], ["../more-backbones/eb0-s0-results.jsonl", "../more-backbones/eb0-rerun-results.jsonl"]),
+    "resnet34": ([], ["../more-backbones/r34-s0-results.jsonl", "../more-backbones/r34-knn-rerun-results.jsonl",
+                      "../r34-eb0-seeds12/r34-eb0-s1-results.jsonl", "../r34-eb0-seeds12/r34-s2-results.jsonl"]),
+    "efficientnet_b0": ([], ["../more-backbones/eb0-s0-results.jsonl", "../more-backbones/eb0-rerun-results.jsonl",
+                             "../r34-eb0-seeds12/r34-eb0-s1-results.jsonl", "../r34-eb0-seeds12/eb0-s1-photos-results.jsonl",
+                             "../r34-eb0-seeds12/eb0-s1-textures-results.jsonl", "../r34-eb0-seeds12/eb0-s2-results.jsonl"]),
     "convnext_tiny": ([], ["../more-backbones/cn-digits-s0-results.jsonl"]),
     "vit_s_16": ([], ["../more-backbones/vs-digits-s0-results.jsonl"]),
 }
@@ -26,6 +29,8 @@ for backbone, (earlier, later) in SOURCES.items():
         for line in (HERE / name).read_text().splitlines():
             r = json.loads(line)
             if "failed" in r:  # a cell that failed and was run again later (the READMEs say which and why)
+                continue
+            if r.get("backbone", backbone) != backbone:  # a grid of several backbones writes one file for all
                 continue
             if name in earlier and r["dataset"] == "photos":
                 r["dataset"] = "photos-earlier-cut"
