@@ -40,8 +40,7 @@ DEVICE=${DEVICE:-cuda}
 JOBS=${JOBS:-4}
 DATA=${DATA:-$OUT/data}
 VARIANTS=${VARIANTS:-auto:}
-read -r -a _backbones <<< "$BACKBONE"
-N_BACKBONES=${#_backbones[@]}
+read -r -a BACKBONES <<< "$BACKBONE"  # split once: the job list and the run folders read this
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TQDM_DISABLE=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT/logs" "$OUT/runs"
 RESULTS=$OUT/results.jsonl
@@ -62,7 +61,7 @@ now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 run_cell() {
   local backbone=$1 ds=$2 method=$3 seed=$4 label=$5 flags=$6
   local where="$ds" what="$ds"  # one backbone: the layout it always had; several: each backbone's own folder
-  (( N_BACKBONES > 1 )) && where="$backbone/$ds" what="$backbone $ds"
+  (( ${#BACKBONES[@]} > 1 )) && where="$backbone/$ds" what="$backbone $ds"
   if [[ $method == random-init ]]; then  # the baseline: the random init of every seed (a few seconds)
     local log="$OUT/logs/${where//\//-}-random-init.log"
     # shellcheck disable=SC2086
@@ -102,12 +101,12 @@ run_cell() {
 # first, so the last jobs to start are short ones), so an early look at results.jsonl has every cell once.
 JOBFILE=$OUT/jobs.tsv
 : > "$JOBFILE"
-for bb in $BACKBONE; do
+for bb in "${BACKBONES[@]}"; do
   for ds in $DATASETS; do printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$bb" "$ds" random-init all - "" >>"$JOBFILE"; done
 done
 IFS=';' read -r -a VARIANT_LIST <<< "$VARIANTS"
 for seed in $SEEDS; do
-  for bb in $BACKBONE; do
+  for bb in "${BACKBONES[@]}"; do
     for ds in $DATASETS; do
       for method in $METHODS; do
         for v in "${VARIANT_LIST[@]}"; do

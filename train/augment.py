@@ -15,6 +15,7 @@ Pillow's box-approximated Gaussian (tests/train/test_augment.py bounds both).
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -38,6 +39,15 @@ def recipes_for(method: str, image_size: int) -> tuple[ViewRecipe, ...]:
 def view_sizes(method: str, image_size: int) -> tuple[int, ...]:
     """The side of each of the method's views in a run of image_size px, in the order its forward receives them."""
     return tuple(view_side(v, image_size) for v in METHODS[method].views)
+
+
+CROP_TRIES = 10  # RandomResizedCrop's tries of (area, aspect) per image, as torchvision's
+# How many numbers of the stream each parameter takes per image, in the order they are drawn: the one layout both
+# draw_views (per batch) and sample_row (per image) read the stream by.
+DRAWS = {"scale": CROP_TRIES, "ratio": CROP_TRIES, "top": 1, "left": 1, "flip": 1, "jitter": 1, "brightness": 1,
+         "contrast": 1, "saturation": 1, "hue": 1, "jitter_order": 4, "gray": 1, "blur": 1, "sigma": 1, "solarize": 1}
+DRAW_AT = dict(zip(DRAWS, itertools.accumulate(DRAWS.values(), initial=0)))  # each parameter's first number
+ROW_DRAWS = sum(DRAWS.values())  # the numbers one image's view takes from its generator
 
 
 @functools.lru_cache(maxsize=64)
@@ -71,8 +81,9 @@ def draw_views(n: int, recipes, src_size: int, g: np.random.Generator) -> dict[s
     recipes = tuple(recipes)
     views, draws, c = len(recipes), g.random((len(recipes), ROW_DRAWS * n)), _draw_constants(recipes)
 
-    def drawn(i: int, width: int = 1) -> np.ndarray:  # draws i.. of every image of every view: views x n (x width)
-        x = draws[:, n * i:n * (i + width)].reshape(views, n, width)
+    def drawn(name: str) -> np.ndarray:  # the draws of `name` for every image of every view: views x n (x its width)
+        at, width = DRAW_AT[name], DRAWS[name]
+        x = draws[:, n * at:n * (at + width)].reshape(views, n, width)
         return x[..., 0] if width == 1 else x
 
     def between(name: str, x: np.ndarray) -> np.ndarray:  # lo + (hi - lo) * x, each view its own (lo, hi)
@@ -81,60 +92,55 @@ def draw_views(n: int, recipes, src_size: int, g: np.random.Generator) -> dict[s
 
     # RandomResizedCrop: ten tries of (area, aspect) per image, the first that fits wins, else the whole image.
     area = src_size * src_size
-    scale = between("scale", drawn(0, 10))
-    ratio = np.exp(between("ratio", drawn(10, 10)))
+    scale = between("scale", drawn("scale"))
+    ratio = np.exp(between("ratio", drawn("ratio")))
     w = np.round(np.sqrt(area * scale * ratio))
     h = np.round(np.sqrt(area * scale / ratio))
     fits = (w > 0) & (h > 0) & (w <= src_size) & (h <= src_size)
     first, found = fits.argmax(-1).ravel(), fits.any(-1)
     every = np.arange(views * n)
-    w = np.where(found, w.reshape(-1, 10)[every, first].reshape(views, n), float(src_size))
-    h = np.where(found, h.reshape(-1, 10)[every, first].reshape(views, n), float(src_size))
-    top = np.floor(drawn(20) * (src_size - h + 1))
-    left = np.floor(drawn(21) * (src_size - w + 1))
+    w = np.where(found, w.reshape(-1, CROP_TRIES)[every, first].reshape(views, n), float(src_size))
+    h = np.where(found, h.reshape(-1, CROP_TRIES)[every, first].reshape(views, n), float(src_size))
+    top = np.floor(drawn("top") * (src_size - h + 1))
+    left = np.floor(drawn("left") * (src_size - w + 1))
     return {
         "crop": np.stack([top, left, h, w], -1).astype(np.int64),
-        "flip": drawn(22) < c["flip_p"],
-        "jitter": drawn(23) < c["jitter_p"],
-        "brightness": between("brightness", drawn(24)).astype(np.float32),
-        "contrast": between("contrast", drawn(25)).astype(np.float32),
-        "saturation": between("saturation", drawn(26)).astype(np.float32),
-        "hue": between("hue", drawn(27)).astype(np.float32),
-        "jitter_order": drawn(28, 4).argsort(-1),  # n uniform random orders of the 4 jitter ops
-        "gray": drawn(32) < c["gray_p"],
-        "blur": drawn(33) < c["blur_p"],
-        "sigma": between("sigma", drawn(34)).astype(np.float32),
-        "solarize": drawn(35) < c["solarize_p"],
+        "flip": drawn("flip") < c["flip_p"],
+        "jitter": drawn("jitter") < c["jitter_p"],
+        **{k: between(k, drawn(k)).astype(np.float32) for k in ("brightness", "contrast", "saturation", "hue")},
+        "jitter_order": drawn("jitter_order").argsort(-1),  # n uniform random orders of the 4 jitter ops
+        "gray": drawn("gray") < c["gray_p"],
+        "blur": drawn("blur") < c["blur_p"],
+        "sigma": between("sigma", drawn("sigma")).astype(np.float32),
+        "solarize": drawn("solarize") < c["solarize_p"],
     }
 
 
 def sample_params(n: int, recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dict[str, torch.Tensor]:
     """Per-image random parameters for one view of n square images of side src_size (draw_views of one view), as
     tensors. Drawn with numpy: many small draws cost far less in numpy than as torch's small-tensor ops."""
-    return {k: torch.from_numpy(np.ascontiguousarray(v[0])) for k, v in draw_views(n, [recipe], src_size, g).items()}
-
-
-ROW_DRAWS = 36  # the numbers sample_params(1, ...) takes from its generator: 10 + 10 crop tries, then 16
+    return {k: torch.from_numpy(v[0]) for k, v in draw_views(n, [recipe], src_size, g).items()}
 
 
 def sample_row(recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dict:
     """sample_params(1, recipe, src_size, g) as plain Python numbers, from the same draws of g in the same order
     (tests/train/test_augment.py checks they are equal): the per-image path draws one row per view, and
-    sample_params' ~40 small numpy calls cost as much as a 32 px view's pixels. The crop tries are tried one at a
-    time (the first usually fits); math's exp and sqrt, like numpy's, are IEEE double."""
-    u = g.random(ROW_DRAWS).tolist()  # PCG64: one double per 64-bit output, so one call of 36 = 36 calls of one
+    sample_params' numpy calls (draw_views of one view) cost as much as a 32 px view's pixels. The crop tries are
+    tried one at a time (the first usually fits); math's exp and sqrt, like numpy's, are IEEE double."""
+    u = g.random(ROW_DRAWS).tolist()  # PCG64: one double per 64-bit output, so one call of N = N calls of one
     area = src_size * src_size
     lo, hi = math.log(recipe.crop_ratio[0]), math.log(recipe.crop_ratio[1])
     h = w = float(src_size)  # no try fits: the whole image
-    for t in range(10):
-        scale = recipe.crop_scale[0] + (recipe.crop_scale[1] - recipe.crop_scale[0]) * u[t]
-        ratio = math.exp(lo + (hi - lo) * u[10 + t])
+    scales, ratios = u[DRAW_AT["scale"]:DRAW_AT["ratio"]], u[DRAW_AT["ratio"]:DRAW_AT["top"]]
+    for t in range(CROP_TRIES):
+        scale = recipe.crop_scale[0] + (recipe.crop_scale[1] - recipe.crop_scale[0]) * scales[t]
+        ratio = math.exp(lo + (hi - lo) * ratios[t])
         tw, th = round(math.sqrt(area * scale * ratio)), round(math.sqrt(area * scale / ratio))  # half to even, as np.round
         if 0 < tw <= src_size and 0 < th <= src_size:
             h, w = float(th), float(tw)
             break
-    top_u, left_u, flip, jitter, bright, contrast, sat, hue = u[20:28]
-    order, (gray, blur, sigma, solarize) = u[28:32], u[32:]
+    top_u, left_u, flip, jitter, bright, contrast, sat, hue = u[DRAW_AT["top"]:DRAW_AT["jitter_order"]]
+    order, (gray, blur, sigma, solarize) = u[DRAW_AT["jitter_order"]:DRAW_AT["gray"]], u[DRAW_AT["gray"]:]
 
     def between(span: tuple[float, float], x: float) -> float:  # sample_params' u(), then its float32 rounding
         return float(np.float32(span[0] + (span[1] - span[0]) * x))
