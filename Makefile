@@ -99,7 +99,7 @@ browser:
 MUTANTS ?= train.knn.x_[kwt]* train.knn.x_majority* export.parity.* stages.validate.x_gate* stages.validate.x_check__* stages.linear_eval.x_probes* \
            train.methods.* train.heads.* export.encoder.* train.runspec.x_validate* train.runspec.x_config_for_run* \
            train.runspec.x_resolve* core.config.* train.augment.x_sample_* train.augment.x_draw_views* \
-           train.augment.x__draw_constants* train.device_augment.x_rows_of* train.augment.x_apply_view* \
+           train.device_augment.x_rows_of* train.augment.x_apply_view* \
            train.augment.x_uint8_view* train.augment.x_recipes_for* core.views.x_blur_kernel_size* \
            train.augment.x_view_seed* train.augment.x_epoch_batches* train.augment.x_normalize* \
            train.augment.x_center_views* train.device_augment.x_normalize* train.device_augment.x__plan* \
