@@ -20,8 +20,11 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
     "efficientnet_b0": ([], ["../more-backbones/eb0-s0-results.jsonl", "../more-backbones/eb0-rerun-results.jsonl",
                              "../r34-eb0-seeds12/r34-eb0-s1-results.jsonl", "../r34-eb0-seeds12/eb0-s1-photos-results.jsonl",
                              "../r34-eb0-seeds12/eb0-s1-textures-results.jsonl", "../r34-eb0-seeds12/eb0-s2-results.jsonl"]),
-    "convnext_tiny": ([], ["../more-backbones/cn-digits-s0-results.jsonl"]),
-    "vit_s_16": ([], ["../more-backbones/vs-digits-s0-results.jsonl"]),
+    "convnext_tiny": ([], ["../more-backbones/cn-digits-s0-results.jsonl", "../cn-vs-seed0/cn-s0-results.jsonl",
+                           "../cn-vs-seed0/cn-s0-rerun1-results.jsonl", "../cn-vs-seed0/cn-s0-rerun2-results.jsonl"]),
+    "vit_s_16": ([], ["../more-backbones/vs-digits-s0-results.jsonl", "../cn-vs-seed0/vs-s0-results.jsonl",
+                      "../cn-vs-seed0/vs-s0-ds-results.jsonl", "../cn-vs-seed0/vs-s0-tx-results.jsonl",
+                      "../cn-vs-seed0/vs-s0-ph-results.jsonl"]),
 }
 for backbone, (earlier, later) in SOURCES.items():
     seen, rows = set(), []
