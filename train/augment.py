@@ -46,7 +46,8 @@ CROP_TRIES = 10  # RandomResizedCrop's tries of (area, aspect) per image, as tor
 # draw_views (per batch) and sample_row (per image) read the stream by.
 DRAWS = {"scale": CROP_TRIES, "ratio": CROP_TRIES, "top": 1, "left": 1, "flip": 1, "jitter": 1, "brightness": 1,
          "contrast": 1, "saturation": 1, "hue": 1, "jitter_order": 4, "gray": 1, "blur": 1, "sigma": 1, "solarize": 1}
-DRAW_AT = dict(zip(DRAWS, itertools.accumulate(DRAWS.values(), initial=0)))  # each parameter's first number
+SPAN = {k: slice(at, at + width)  # where each parameter's numbers sit in one image's row
+        for (k, width), at in zip(DRAWS.items(), itertools.accumulate(DRAWS.values(), initial=0))}
 ROW_DRAWS = sum(DRAWS.values())  # the numbers one image's view takes from its generator
 
 
@@ -82,7 +83,7 @@ def draw_views(n: int, recipes, src_size: int, g: np.random.Generator) -> dict[s
     views, draws, c = len(recipes), g.random((len(recipes), ROW_DRAWS * n)), _draw_constants(recipes)
 
     def drawn(name: str) -> np.ndarray:  # the draws of `name` for every image of every view: views x n (x its width)
-        at, width = DRAW_AT[name], DRAWS[name]
+        at, width = SPAN[name].start, DRAWS[name]
         x = draws[:, n * at:n * (at + width)].reshape(views, n, width)
         return x[..., 0] if width == 1 else x
 
@@ -131,7 +132,7 @@ def sample_row(recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dic
     area = src_size * src_size
     lo, hi = math.log(recipe.crop_ratio[0]), math.log(recipe.crop_ratio[1])
     h = w = float(src_size)  # no try fits: the whole image
-    scales, ratios = u[DRAW_AT["scale"]:DRAW_AT["ratio"]], u[DRAW_AT["ratio"]:DRAW_AT["top"]]
+    scales, ratios = u[SPAN["scale"]], u[SPAN["ratio"]]
     for t in range(CROP_TRIES):
         scale = recipe.crop_scale[0] + (recipe.crop_scale[1] - recipe.crop_scale[0]) * scales[t]
         ratio = math.exp(lo + (hi - lo) * ratios[t])
@@ -139,8 +140,9 @@ def sample_row(recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dic
         if 0 < tw <= src_size and 0 < th <= src_size:
             h, w = float(th), float(tw)
             break
-    top_u, left_u, flip, jitter, bright, contrast, sat, hue = u[DRAW_AT["top"]:DRAW_AT["jitter_order"]]
-    order, (gray, blur, sigma, solarize) = u[DRAW_AT["jitter_order"]:DRAW_AT["gray"]], u[DRAW_AT["gray"]:]
+    # the single numbers one slice per run of them, not one lookup each: this runs per image and view
+    top_u, left_u, flip, jitter, bright, contrast, sat, hue = u[SPAN["top"].start:SPAN["hue"].stop]
+    order, (gray, blur, sigma, solarize) = u[SPAN["jitter_order"]], u[SPAN["gray"].start:SPAN["solarize"].stop]
 
     def between(span: tuple[float, float], x: float) -> float:  # sample_params' u(), then its float32 rounding
         return float(np.float32(span[0] + (span[1] - span[0]) * x))
