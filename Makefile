@@ -36,7 +36,7 @@ all:
 
 # The project into the venv, editable, with the extras named: by uv (from PyPI, put in the venv by its own pip), which
 # fetches and unpacks the wheels in parallel where pip takes one at a time (PyTorch's Linux wheel brings ~3 GB of CUDA
-# libraries: 43 s against pip's 3 min 39 s here, README); --compile-bytecode because an interpreter run with
+# libraries: 41 s to 1 min 24 s against pip's 3 min 39 s here, README); --compile-bytecode because an interpreter run with
 # PYTHONDONTWRITEBYTECODE would otherwise compile torch anew at every import. pip does the same install where uv cannot.
 INSTALL = $(BIN)/python -m pip install -q 'uv>=0.9,<1' && $(BIN)/uv pip install --python $(BIN)/python -q \
           --compile-bytecode -e '.[$(1)]' || { echo "note: uv could not install; pip installs instead"; \
