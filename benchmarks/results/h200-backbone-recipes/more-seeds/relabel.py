@@ -21,10 +21,16 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
                              "../r34-eb0-seeds12/r34-eb0-s1-results.jsonl", "../r34-eb0-seeds12/eb0-s1-photos-results.jsonl",
                              "../r34-eb0-seeds12/eb0-s1-textures-results.jsonl", "../r34-eb0-seeds12/eb0-s2-results.jsonl"]),
     "convnext_tiny": ([], ["../more-backbones/cn-digits-s0-results.jsonl", "../cn-vs-seed0/cn-s0-results.jsonl",
-                           "../cn-vs-seed0/cn-s0-rerun1-results.jsonl", "../cn-vs-seed0/cn-s0-rerun2-results.jsonl"]),
+                           "../cn-vs-seed0/cn-s0-rerun1-results.jsonl", "../cn-vs-seed0/cn-s0-rerun2-results.jsonl",
+                           "../cn-vs-seeds12/cn-s1-results.jsonl", "../cn-vs-seeds12/cn-s2-results.jsonl",
+                           "../cn-vs-seeds12/cn-s2-digits-results.jsonl"]),
     "vit_s_16": ([], ["../more-backbones/vs-digits-s0-results.jsonl", "../cn-vs-seed0/vs-s0-results.jsonl",
                       "../cn-vs-seed0/vs-s0-ds-results.jsonl", "../cn-vs-seed0/vs-s0-tx-results.jsonl",
-                      "../cn-vs-seed0/vs-s0-ph-results.jsonl"]),
+                      "../cn-vs-seed0/vs-s0-ph-results.jsonl",
+                      # ../cn-vs-seeds12/README.md: call 1 ran out of time on most of seed 1; call 2 ran those cells
+                      "../cn-vs-seeds12/vs-s1-results.jsonl", "../cn-vs-seeds12/vs-s1-bm-results.jsonl",
+                      "../cn-vs-seeds12/vs-s1-digits-results.jsonl", "../cn-vs-seeds12/vs-s2-a-results.jsonl",
+                      "../cn-vs-seeds12/vs-s2-b-results.jsonl"]),
 }
 for backbone, (earlier, later) in SOURCES.items():
     seen, rows = set(), []
