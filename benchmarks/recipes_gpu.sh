@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The recipe grid on one GPU. For every dataset x method x seed: pretrain exactly as a user types it,
+# The recipe grid on the GPUs of one machine. For every dataset x method x seed: pretrain exactly as a user types it,
 #   pipeline pretrain --method M --data folder:TRAIN --image-size 32 --epochs 100 --batch-size 512 --device cuda \
 #       --seed S --out RUN
 # then `pipeline strip --run RUN`, then the kNN (k = 200, T = 0.1, cosine) of RUN/export/encoder.pt's features,
@@ -11,7 +11,7 @@
 # Everything is written under OUT_DIR: data/ (benchmarks/recipe_datasets.py's sets, unless DATA names a built
 # copy), runs/[<backbone>/]<dataset>/<method>-s<seed>[-<variant>]/ (full run directories), logs/, results.jsonl (one
 # line per kNN), wall.txt, summary.txt. Sized for about 12 minutes on one H200 with the defaults: 4 sets (~4,400 train
-# images each, 8 steps an epoch; digits 2), 3 methods, 3 seeds, JOBS trainings at once on the one GPU (a 32 px
+# images each, 8 steps an epoch; digits 2), 3 methods, 3 seeds, JOBS trainings at once on each GPU (a 32 px
 # ResNet-18 step is too small to fill an H200 alone, and the runs' start-up, strip and kNN overlap others' steps).
 # Each training holds its whole working set on the GPU (at 32 px, batch 512: 6-9 GiB for the ResNets and mobile nets,
 # up to ~16 GiB for ConvNeXt-T and ViT-S/16): 16 of the first kind fit an H200's 140 GiB and 24 ran it out of memory;
@@ -20,7 +20,9 @@
 # Environment knobs: METHODS ("simclr byol mocov3"), SEEDS ("0 1 2"), DATASETS ("digits digits-sizes textures
 # photos"), BACKBONE (resnet18; several names, e.g. "resnet34 vit_s_16", run as one grid under one JOBS cap, so a
 # call can fill the GPU with several backbones without two grids' caps adding up), EPOCHS (100), BATCH (512),
-# IMAGE_SIZE (32), DEVICE (cuda), JOBS (4), DATA (OUT_DIR/data),
+# IMAGE_SIZE (32), DEVICE (cuda), JOBS (4, per GPU), DATA (OUT_DIR/data), GPUS (with DEVICE=cuda: the GPUs to spread
+# the cells over, e.g. "0 1"; default every GPU in CUDA_VISIBLE_DEVICES or, unset, every one nvidia-smi lists: each
+# cell starts on the GPU running fewest and is pinned to it by CUDA_VISIBLE_DEVICES, since a training uses one GPU),
 # PYTHON (python3), VARIANTS: "label:extra pretrain flags;label2:flags" runs every cell once per variant, e.g.
 # VARIANTS="auto:;paper:--recipe paper" (default: one variant "auto" with no extra flag: what a user gets).
 # A smoke test on a CPU: EPOCHS=1 SEEDS=0 DEVICE=cpu JOBS=2 bash benchmarks/recipes_gpu.sh /tmp/recipes-smoke
@@ -40,6 +42,12 @@ BACKBONE=${BACKBONE:-resnet18}
 DEVICE=${DEVICE:-cuda}
 JOBS=${JOBS:-4}
 DATA=${DATA:-$OUT/data}
+if [[ -z ${GPUS:-} && $DEVICE == cuda ]]; then
+  if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then GPUS=${CUDA_VISIBLE_DEVICES//,/ }
+  elif command -v nvidia-smi >/dev/null; then GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | tr '\n' ' '); fi
+fi
+read -r -a GPU_LIST <<< "${GPUS:-}"
+(( ${#GPU_LIST[@]} > 1 )) || GPU_LIST=("")  # one GPU or none: no pinning, the environment as the caller set it
 VARIANTS=${VARIANTS:-auto:}
 read -r -a BACKBONES <<< "$BACKBONE"  # split once: the job list and the run folders read this
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TQDM_DISABLE=1 PYTHONUNBUFFERED=1
@@ -117,19 +125,32 @@ for seed in $SEEDS; do
     done
   done
 done
-echo "$(grep -vc random-init "$JOBFILE") trainings of $BACKBONE (and the random-init baselines), $JOBS jobs at a time on $DEVICE; logs in $OUT/logs"
+WHERE=$DEVICE; [[ -n ${GPU_LIST[0]} ]] && WHERE="each of GPUs ${GPU_LIST[*]}"
+echo "$(grep -vc random-init "$JOBFILE") trainings of $BACKBONE (and the random-init baselines), $JOBS jobs at a time on $WHERE; logs in $OUT/logs"
 
+# Each cell goes to the GPU with the fewest cells running; a finished cell's PID says which GPU it frees.
+declare -A LOAD=() GPU_OF=()
+for g in "${GPU_LIST[@]}"; do LOAD[x$g]=0; done
 running=0
 while IFS=$'\t' read -r bb ds method seed label flags; do
-  run_cell "$bb" "$ds" "$method" "$seed" "$label" "$flags" </dev/null &  # stdin kept off the job list
-  running=$((running + 1))
-  if (( running >= JOBS )); then
-    wait -n || true
+  if (( running >= JOBS * ${#GPU_LIST[@]} )); then
+    done_pid=""
+    wait -n -p done_pid || true
+    [[ -n $done_pid ]] && LOAD[x${GPU_OF[$done_pid]}]=$(( ${LOAD[x${GPU_OF[$done_pid]}]} - 1 ))
     running=$((running - 1))
   fi
+  gpu=${GPU_LIST[0]}
+  for g in "${GPU_LIST[@]}"; do (( ${LOAD[x$g]} < ${LOAD[x$gpu]} )) && gpu=$g; done
+  (
+    [[ -n $gpu ]] && export CUDA_VISIBLE_DEVICES=$gpu && echo "GPU $gpu: $bb $ds $method seed $seed $label"
+    run_cell "$bb" "$ds" "$method" "$seed" "$label" "$flags"
+  ) </dev/null &  # stdin kept off the job list
+  GPU_OF[$!]=$gpu
+  LOAD[x$gpu]=$(( ${LOAD[x$gpu]} + 1 ))
+  running=$((running + 1))
 done < "$JOBFILE"
 wait
 
 WALL=$(( $(date +%s) - START ))
-echo "grid wall time: $WALL s (${JOBS} trainings at once on one device)" | tee "$OUT/wall.txt"
+echo "grid wall time: $WALL s (${JOBS} trainings at once on $WHERE)" | tee "$OUT/wall.txt"
 $PY benchmarks/recipe_summary.py "$OUT" | tee "$OUT/summary.txt"
