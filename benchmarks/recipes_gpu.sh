@@ -27,6 +27,8 @@
 # VARIANTS="auto:;paper:--recipe paper" (default: one variant "auto" with no extra flag: what a user gets).
 # A smoke test on a CPU: EPOCHS=1 SEEDS=0 DEVICE=cpu JOBS=2 bash benchmarks/recipes_gpu.sh /tmp/recipes-smoke
 set -euo pipefail
+(( BASH_VERSINFO[0] > 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] >= 1) )) \
+  || { echo "error: recipes_gpu.sh needs bash 5.1 or later (wait -n -p); this is bash $BASH_VERSION" >&2; exit 2; }
 OUT=${1:?usage: bash benchmarks/recipes_gpu.sh OUT_DIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -44,7 +46,9 @@ JOBS=${JOBS:-4}
 DATA=${DATA:-$OUT/data}
 if [[ -z ${GPUS:-} && $DEVICE == cuda ]]; then
   if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then GPUS=${CUDA_VISIBLE_DEVICES//,/ }
-  elif command -v nvidia-smi >/dev/null; then GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | tr '\n' ' '); fi
+  elif command -v nvidia-smi >/dev/null; then  # one that cannot list (no driver) leaves one GPU, unpinned
+    GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\n' ' ') || GPUS=""
+  fi
 fi
 read -r -a GPU_LIST <<< "${GPUS:-}"
 (( ${#GPU_LIST[@]} > 1 )) || GPU_LIST=("")  # one GPU or none: no pinning, the environment as the caller set it
