@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 
 import numpy as np
 import torch
@@ -49,6 +50,10 @@ DRAWS = {"scale": CROP_TRIES, "ratio": CROP_TRIES, "top": 1, "left": 1, "flip": 
 SPAN = {k: slice(at, at + width)  # where each parameter's numbers sit in one image's row
         for (k, width), at in zip(DRAWS.items(), itertools.accumulate(DRAWS.values(), initial=0))}
 ROW_DRAWS = sum(DRAWS.values())  # the numbers one image's view takes from its generator
+# sample_row's single numbers, read by name in one C call (it runs per image and view): their order here is the
+# order sample_row unpacks them in, whatever DRAWS' order
+ROW_SINGLES = operator.itemgetter(*(SPAN[k].start for k in ("top", "left", "flip", "jitter", "brightness", "contrast",
+                                                           "saturation", "hue", "gray", "blur", "sigma", "solarize")))
 
 
 @functools.lru_cache(maxsize=64)
@@ -83,8 +88,8 @@ def draw_views(n: int, recipes, src_size: int, g: np.random.Generator) -> dict[s
     views, draws, c = len(recipes), g.random((len(recipes), ROW_DRAWS * n)), _draw_constants(recipes)
 
     def drawn(name: str) -> np.ndarray:  # the draws of `name` for every image of every view: views x n (x its width)
-        at, width = SPAN[name].start, DRAWS[name]
-        x = draws[:, n * at:n * (at + width)].reshape(views, n, width)
+        span, width = SPAN[name], DRAWS[name]
+        x = draws[:, n * span.start:n * span.stop].reshape(views, n, width)
         return x[..., 0] if width == 1 else x
 
     def between(name: str, x: np.ndarray) -> np.ndarray:  # lo + (hi - lo) * x, each view its own (lo, hi)
@@ -140,9 +145,8 @@ def sample_row(recipe: ViewRecipe, src_size: int, g: np.random.Generator) -> dic
         if 0 < tw <= src_size and 0 < th <= src_size:
             h, w = float(th), float(tw)
             break
-    # the single numbers one slice per run of them, not one lookup each: this runs per image and view
-    top_u, left_u, flip, jitter, bright, contrast, sat, hue = u[SPAN["top"].start:SPAN["hue"].stop]
-    order, (gray, blur, sigma, solarize) = u[SPAN["jitter_order"]], u[SPAN["gray"].start:SPAN["solarize"].stop]
+    top_u, left_u, flip, jitter, bright, contrast, sat, hue, gray, blur, sigma, solarize = ROW_SINGLES(u)
+    order = u[SPAN["jitter_order"]]
 
     def between(span: tuple[float, float], x: float) -> float:  # sample_params' u(), then its float32 rounding
         return float(np.float32(span[0] + (span[1] - span[0]) * x))
