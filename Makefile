@@ -124,7 +124,9 @@ HELDOUT_MUTANTS ?= train.probe.x_fit_probe* train.probe.x_choose_c* stages.linea
            stages.report.x_cosine_neighbours* stages.report.x_embedding_map* stages.report.x_labels_of* \
            stages.validate.x_val_images* stages.validate.x_train_images* stages.validate.x_spread* \
            stages.pretrain.x_train_split*
-MUTATION_EXTRAS := test,mutation  # a variable: written in $(call ...) the comma would split the argument
+# a variable: written in $(call ...) the comma would split the argument (and a comment on its line would leave
+# trailing spaces in the value)
+MUTATION_EXTRAS := test,mutation
 mutation: $(STAMP)
 	$(call INSTALL,$(MUTATION_EXTRAS))
 	$(BIN)/mutmut run $(foreach m,$(MUTANTS),'$(m)')
