@@ -132,26 +132,24 @@ done
 WHERE=$DEVICE; [[ -n ${GPU_LIST[0]} ]] && WHERE="each of GPUs ${GPU_LIST[*]}"
 echo "$(grep -vc random-init "$JOBFILE") trainings of $BACKBONE (and the random-init baselines), $JOBS jobs at a time on $WHERE; logs in $OUT/logs"
 
-# Each cell goes to the GPU with the fewest cells running; a finished cell's PID says which GPU it frees.
+# Each cell goes to the GPU with the fewest cells running. When even that one runs JOBS, wait for a cell to end: its
+# PID says which GPU it freed, now the least busy.
 declare -A LOAD=() GPU_OF=()
 for g in "${GPU_LIST[@]}"; do LOAD[x$g]=0; done
-running=0
 while IFS=$'\t' read -r bb ds method seed label flags; do
-  if (( running >= JOBS * ${#GPU_LIST[@]} )); then
-    done_pid=""
-    wait -n -p done_pid || true
-    [[ -n $done_pid ]] && LOAD[x${GPU_OF[$done_pid]}]=$(( ${LOAD[x${GPU_OF[$done_pid]}]} - 1 ))
-    running=$((running - 1))
-  fi
   gpu=${GPU_LIST[0]}
   for g in "${GPU_LIST[@]}"; do (( ${LOAD[x$g]} < ${LOAD[x$gpu]} )) && gpu=$g; done
+  if (( ${LOAD[x$gpu]} >= JOBS )); then
+    wait -n -p done_pid || true  # a failed cell wrote its own line
+    gpu=${GPU_OF[$done_pid]}
+    LOAD[x$gpu]=$(( ${LOAD[x$gpu]} - 1 ))
+  fi
   (
     [[ -n $gpu ]] && export CUDA_VISIBLE_DEVICES=$gpu && echo "GPU $gpu: $bb $ds $method seed $seed $label"
     run_cell "$bb" "$ds" "$method" "$seed" "$label" "$flags"
   ) </dev/null &  # stdin kept off the job list
   GPU_OF[$!]=$gpu
   LOAD[x$gpu]=$(( ${LOAD[x$gpu]} + 1 ))
-  running=$((running + 1))
 done < "$JOBFILE"
 wait
 
