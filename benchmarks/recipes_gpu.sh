@@ -13,9 +13,10 @@
 # line per kNN), wall.txt, summary.txt. Sized for about 12 minutes on one H200 with the defaults: 4 sets (~4,400 train
 # images each, 8 steps an epoch; digits 2), 3 methods, 3 seeds, JOBS trainings at once on each GPU (a 32 px
 # ResNet-18 step is too small to fill an H200 alone, and the runs' start-up, strip and kNN overlap others' steps).
-# Each training holds its whole working set on the GPU (at 32 px, batch 512: 6-9 GiB for the ResNets and mobile nets,
-# up to ~16 GiB for ConvNeXt-T and ViT-S/16): 16 of the first kind fit an H200's 140 GiB and 24 ran it out of memory;
-# 8 of the second fit and 15 did not. Count every grid sharing the GPU.
+# Each training holds its whole working set on the GPU (at 32 px, batch 512: 6-9 GiB for ResNet-18/34 and the mobile
+# nets, up to ~16 GiB for ConvNeXt-T and ViT-S/16, 17-21 GiB for ResNet-50, 26-29 GiB for ViT-B/16): 16 of the first
+# kind fit an H200's 140 GiB and 24 ran it out of memory; 8 of the second fit and 15 did not; 5 ResNet-50 and 1
+# ViT-B/16 fit. Count every grid sharing the GPU.
 #
 # Environment knobs: METHODS ("simclr byol mocov3"), SEEDS ("0 1 2"), DATASETS ("digits digits-sizes textures
 # photos"), BACKBONE (resnet18; several names, e.g. "resnet34 vit_s_16", run as one grid under one JOBS cap, so a
