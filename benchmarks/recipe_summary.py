@@ -27,7 +27,12 @@ def spread(xs: list[float]) -> str:
 
 
 def summarize(out: Path) -> str:
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    rows = []
+    for line in (out / "results.jsonl").read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # blank, or cut short by a kill: the grid runs that cell again
+            continue
     lines = []
     wall = out / "wall.txt"
     if wall.is_file():
@@ -43,9 +48,10 @@ def summarize(out: Path) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    """One backbone's lines: the cells' table, then its failed runs."""
-    failed = [r for r in rows if "failed" in r]
+    """One backbone's lines: the cells' table, then its failed runs that no later run of the cell made good."""
     ok = [r for r in rows if "failed" not in r]
+    made_good = {(r["dataset"], r["method"], r["seed"], r.get("variant")) for r in ok}
+    failed = [r for r in rows if "failed" in r and (r["dataset"], r["method"], r["seed"], r.get("variant")) not in made_good]
     random_init = {(r["dataset"], r["seed"]): r["knn_top1"] for r in ok if r["method"] == "random-init"}
     cells: dict[tuple, list[dict]] = defaultdict(list)
     for r in ok:

@@ -8,6 +8,14 @@
 #
 #   bash benchmarks/recipes_gpu.sh OUT_DIR
 #
+# The same command again on the same OUT_DIR goes on where the last one stopped: a cell with a result line is kept,
+# a training that a signal stopped resumes exactly from its checkpoints/last.pt (pipeline pretrain --resume), and
+# anything else (a failed cell, a run stopped before its first checkpoint) runs afresh. `timeout -k 60 SECONDS bash
+# ...` and Ctrl-C reach every process of the grid: each training stops after its step under way and writes its
+# checkpoint, and the grid exits 130 once they have; a TERM sent to the script alone starts no further cell and
+# lets those under way finish. A 10-minute GPU call can so take up a grid where the previous call left it, on a
+# machine that kept OUT_DIR.
+#
 # Everything is written under OUT_DIR: data/ (benchmarks/recipe_datasets.py's sets, unless DATA names a built
 # copy), runs/[<backbone>/]<dataset>/<method>-s<seed>[-<variant>]/ (full run directories), logs/, results.jsonl (one
 # line per kNN), wall.txt, summary.txt. Sized for about 12 minutes on one H200 with the defaults: 4 sets (~4,400 train
@@ -58,8 +66,26 @@ read -r -a BACKBONES <<< "$BACKBONE"  # split once: the job list and the run fol
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TQDM_DISABLE=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT/logs" "$OUT/runs"
 RESULTS=$OUT/results.jsonl
-: > "$RESULTS"
+touch "$RESULTS"
+[[ -z $(tail -c 1 "$RESULTS") ]] || echo >> "$RESULTS"  # a line a kill cut short stays alone on its line
 START=$(date +%s)
+STOP=0  # set by a TERM or INT: no further cell starts
+trap 'STOP=1' TERM INT
+
+# The cells an earlier run of this grid finished: backbone, dataset, method, seed, variant of every line that is no
+# failure (a line cut short by a kill is skipped, and its cell runs again).
+declare -A DONE=()
+FINISHED=$($PY -c '
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if "failed" not in r:
+        print("\t".join(str(r.get(k, "")) for k in ("backbone", "dataset", "method", "seed", "variant")))
+' "$RESULTS")  # read whole, not through a process substitution: the scheduler's `wait -n` sees the cells alone
+while IFS= read -r key; do if [[ -n $key ]]; then DONE[$key]=1; fi; done <<< "$FINISHED"
 
 missing=""
 for ds in $DATASETS; do [[ -d "$DATA/$ds/train" && -d "$DATA/$ds/eval" ]] || missing+=" $ds"; done
@@ -88,35 +114,56 @@ run_cell() {
     return
   fi
   local name="$method-s$seed"; [[ "$label" != auto ]] && name+="-$label"
-  local run="$OUT/runs/$where/$name" log="$OUT/logs/${where//\//-}-$name.log" t0 t1 t2
-  rm -rf "$run"
+  local run="$OUT/runs/$where/$name" log="$OUT/logs/${where//\//-}-$name.log" t0 t1 t2 rc=0
+  local spent="$log.pretrain_ms" resume=""  # each attempt's pretraining milliseconds, one line each
+  if [[ -f "$run/checkpoints/last.pt" ]]; then
+    resume="--resume"; echo "resuming $what $name from its checkpoint"
+  else
+    rm -rf "$run" "$spent"; : > "$log"
+  fi
+  local stage=pretrain
   t0=$(now_ms)
   # shellcheck disable=SC2086
-  if $PY -m pipeline pretrain --method "$method" --backbone "$backbone" --data "folder:$DATA/$ds/train" --image-size "$IMAGE_SIZE" \
-        --epochs "$EPOCHS" --batch-size "$BATCH" --device "$DEVICE" --seed "$seed" --out "$run" $flags >"$log" 2>&1; then
-    t1=$(now_ms)
-    if $PY -m pipeline strip --run "$run" >>"$log" 2>&1; then
-      t2=$(now_ms)
-      local recipe; recipe=$(sed -n 's/^recipe: //p' "$run/config.yaml")
-      $PY benchmarks/recipe_knn.py --train "$DATA/$ds/train" --eval "$DATA/$ds/eval" --encoder "$run/export/encoder.pt" \
-        --device "$DEVICE" --results "$RESULTS" --tag "backbone=$backbone" --tag "dataset=$ds" --tag "method=$method" --tag "seed=$seed" \
-        --tag "variant=$label" --tag "recipe=$recipe" --tag "flags=$flags" \
-        --tag "pretrain_ms=$((t1 - t0))" --tag "strip_ms=$((t2 - t1))" >>"$log" 2>&1 \
-        || echo "{\"backbone\": \"$backbone\", \"dataset\": \"$ds\", \"method\": \"$method\", \"seed\": \"$seed\", \"variant\": \"$label\", \"failed\": \"knn\", \"log\": \"$log\"}" >>"$RESULTS"
-      echo "done $what $name ($(( (t1 - t0) / 1000 )) s pretrain, recipe $recipe)"
+  $PY -m pipeline pretrain --method "$method" --backbone "$backbone" --data "folder:$DATA/$ds/train" --image-size "$IMAGE_SIZE" \
+      --epochs "$EPOCHS" --batch-size "$BATCH" --device "$DEVICE" --seed "$seed" --out "$run" $flags $resume >>"$log" 2>&1 || rc=$?
+  t1=$(now_ms)
+  echo $((t1 - t0)) >> "$spent"
+  if (( rc == 0 )); then
+    stage=strip
+    $PY -m pipeline strip --run "$run" >>"$log" 2>&1 || rc=$?
+  fi
+  if (( rc == 0 )); then
+    t2=$(now_ms) stage=knn
+    local recipe ms; recipe=$(sed -n 's/^recipe: //p' "$run/config.yaml"); ms=$(( $(paste -sd+ "$spent") ))
+    $PY benchmarks/recipe_knn.py --train "$DATA/$ds/train" --eval "$DATA/$ds/eval" --encoder "$run/export/encoder.pt" \
+      --device "$DEVICE" --results "$RESULTS" --tag "backbone=$backbone" --tag "dataset=$ds" --tag "method=$method" --tag "seed=$seed" \
+      --tag "variant=$label" --tag "recipe=$recipe" --tag "flags=$flags" --tag "pretrain_ms=$ms" \
+      --tag "pretrain_attempts=$(wc -l < "$spent")" --tag "strip_ms=$((t2 - t1))" >>"$log" 2>&1 || rc=$?
+    if (( rc == 0 )); then
+      echo "done $what $name ($(( ms / 1000 )) s pretrain, recipe $recipe)"
       return
     fi
   fi
-  echo "{\"backbone\": \"$backbone\", \"dataset\": \"$ds\", \"method\": \"$method\", \"seed\": \"$seed\", \"variant\": \"$label\", \"failed\": \"pretrain or strip\", \"log\": \"$log\"}" >>"$RESULTS"
+  if (( rc == 130 || rc == 143 )); then  # a signal: pretrain exits 130 after its checkpoint, strip and kNN die on TERM
+    echo "stopped $what $name (the same command again goes on from here)"
+    return
+  fi
+  echo "{\"backbone\": \"$backbone\", \"dataset\": \"$ds\", \"method\": \"$method\", \"seed\": \"$seed\", \"variant\": \"$label\", \"failed\": \"$stage\", \"log\": \"$log\"}" >>"$RESULTS"
   echo "FAILED $what $name: see $log"; tail -n 3 "$log" || true
 }
 
 # The job list: the baselines first, then seeds outermost (backbones next, in the order given: name the slowest
-# first, so the last jobs to start are short ones), so an early look at results.jsonl has every cell once.
+# first, so the last jobs to start are short ones), so an early look at results.jsonl has every cell once. Cells an
+# earlier run finished are left out; a baseline runs again unless every seed of it is there.
 JOBFILE=$OUT/jobs.tsv
 : > "$JOBFILE"
+KEPT=0
 for bb in "${BACKBONES[@]}"; do
-  for ds in $DATASETS; do printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$bb" "$ds" random-init all - "" >>"$JOBFILE"; done
+  for ds in $DATASETS; do
+    missing=0
+    for seed in $SEEDS; do [[ -n ${DONE[$bb$'\t'$ds$'\t'random-init$'\t'$seed$'\t'-]:-} ]] || missing=1; done
+    if (( missing )); then printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$bb" "$ds" random-init all - "" >>"$JOBFILE"; fi
+  done
 done
 IFS=';' read -r -a VARIANT_LIST <<< "$VARIANTS"
 for seed in $SEEDS; do
@@ -124,6 +171,7 @@ for seed in $SEEDS; do
     for ds in $DATASETS; do
       for method in $METHODS; do
         for v in "${VARIANT_LIST[@]}"; do
+          [[ -n ${DONE[$bb$'\t'$ds$'\t'$method$'\t'$seed$'\t'${v%%:*}]:-} ]] && { KEPT=$((KEPT + 1)); continue; }
           printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$bb" "$ds" "$method" "$seed" "${v%%:*}" "${v#*:}" >>"$JOBFILE"
         done
       done
@@ -131,29 +179,34 @@ for seed in $SEEDS; do
   done
 done
 WHERE=$DEVICE; [[ -n ${GPU_LIST[0]} ]] && WHERE="each of GPUs ${GPU_LIST[*]}"
-echo "$(grep -vc random-init "$JOBFILE") trainings of $BACKBONE (and the random-init baselines), $JOBS jobs at a time on $WHERE; logs in $OUT/logs"
+echo "$(grep -vc random-init "$JOBFILE") trainings of $BACKBONE (and the random-init baselines) to run, $KEPT finished earlier and kept;" \
+  "$JOBS jobs at a time on $WHERE; logs in $OUT/logs"
 
 # Each cell goes to the GPU with the fewest cells running. When even that one runs JOBS, wait for a cell to end: its
 # PID says which GPU it freed, now the least busy.
 declare -A LOAD=() GPU_OF=()
 for g in "${GPU_LIST[@]}"; do LOAD[x$g]=0; done
-while IFS=$'\t' read -r bb ds method seed label flags; do
+while (( ! STOP )) && IFS=$'\t' read -r bb ds method seed label flags; do
   gpu=${GPU_LIST[0]}
   for g in "${GPU_LIST[@]}"; do (( ${LOAD[x$g]} < ${LOAD[x$gpu]} )) && gpu=$g; done
   if (( ${LOAD[x$gpu]} >= JOBS )); then
-    wait -n -p done_pid || true  # a failed cell wrote its own line
+    done_pid=""
+    wait -n -p done_pid || true  # a failed cell wrote its own line; a signal leaves done_pid empty
+    [[ -n ${done_pid:-} ]] || break
     gpu=${GPU_OF[$done_pid]}
     LOAD[x$gpu]=$(( ${LOAD[x$gpu]} - 1 ))
   fi
   (
+    trap : TERM  # the cell outlives the signal that stops its training, to say what became of it
     [[ -n $gpu ]] && export CUDA_VISIBLE_DEVICES=$gpu && echo "GPU $gpu: $bb $ds $method seed $seed $label"
     run_cell "$bb" "$ds" "$method" "$seed" "$label" "$flags"
   ) </dev/null &  # stdin kept off the job list
   GPU_OF[$!]=$gpu
   LOAD[x$gpu]=$(( ${LOAD[x$gpu]} + 1 ))
 done < "$JOBFILE"
-wait
+until wait; do (( $? > 128 )) || break; done  # a signal cuts `wait` short; the cells under way still end
 
 WALL=$(( $(date +%s) - START ))
 echo "grid wall time: $WALL s (${JOBS} trainings at once on $WHERE)" | tee "$OUT/wall.txt"
 $PY benchmarks/recipe_summary.py "$OUT" | tee "$OUT/summary.txt"
+if (( STOP )); then echo "stopped by a signal: the same command again goes on from here"; exit 130; fi
