@@ -19,8 +19,7 @@ from train import augment, device_augment
 CASES = (("simclr", 32, 32, 512), ("byol", 32, 32, 512), ("simclr", 224, 256, 256))  # method, px, source px, batch
 
 
-def one_step(method: str, size: int, src: int, batch: int, b: int):
-    recipes = augment.recipes_for(method, size)
+def one_step(recipes, size: int, src: int, batch: int, b: int):
     drawn = device_augment.draw_params(batch, recipes, src, 0, 0, b)
     if isinstance(drawn, dict):
         p = device_augment.rows_of(drawn, list(range(len(recipes))), slice(0, batch))
@@ -35,13 +34,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     args = ap.parse_args()
     for method, size, src, batch in CASES:
+        recipes = augment.recipes_for(method, size)  # once, as a training run asks for them: not a step's work
         for b in range(20):
-            one_step(method, size, src, batch, b)  # warm: numpy's and the caches' first calls
+            one_step(recipes, size, src, batch, b)  # warm: numpy's and the caches' first calls
         ms = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             for b in range(args.steps):
-                one_step(method, size, src, batch, b)
+                one_step(recipes, size, src, batch, b)
             ms.append((time.perf_counter() - t0) / args.steps * 1e3)
         print(f"{method} {size} px, batch {batch}: {statistics.median(ms):.3f} ms a step "
               f"(median of {args.repeats} x {args.steps} steps; {min(ms):.3f}-{max(ms):.3f})")
