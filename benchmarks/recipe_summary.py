@@ -3,6 +3,8 @@ init of the same seeds, with the pretraining wall times.
 
     python benchmarks/recipe_summary.py OUT_DIR
 
+    python benchmarks/recipe_summary.py --finished OUT_DIR   (the cells already done, for recipes_gpu.sh)
+
 Reads OUT_DIR/results.jsonl (one line per kNN, written by benchmarks/recipe_knn.py) and OUT_DIR/wall.txt; a grid
 of several backbones gets one table per backbone (lines without a backbone tag are ResNet-18's). Per cell:
 mean ± sample standard deviation over seeds, [min, max], the gain over random init as the mean ± std of the
@@ -26,13 +28,29 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.1f}{sd} [{min(xs):.1f}, {max(xs):.1f}]"
 
 
-def summarize(out: Path) -> str:
+def read_rows(out: Path) -> list[dict]:
+    """results.jsonl's lines; a blank one, or one a kill cut short, is skipped (the grid runs that cell again)."""
     rows = []
     for line in (out / "results.jsonl").read_text().splitlines():
         try:
             rows.append(json.loads(line))
-        except ValueError:  # blank, or cut short by a kill: the grid runs that cell again
+        except ValueError:
             continue
+    return rows
+
+
+def cell(r: dict) -> tuple[str, ...]:
+    """The cell a line is of: backbone, dataset, method, seed, variant (a random init's variant is "-")."""
+    return r.get("backbone", "resnet18"), r["dataset"], r["method"], str(r["seed"]), r.get("variant", "auto")
+
+
+def finished(rows: list[dict]) -> set[tuple[str, ...]]:
+    """The cells with a result: a failed line counts only until a later run of its cell succeeds."""
+    return {cell(r) for r in rows if "failed" not in r}
+
+
+def summarize(out: Path) -> str:
+    rows = read_rows(out)
     lines = []
     wall = out / "wall.txt"
     if wall.is_file():
@@ -49,9 +67,8 @@ def summarize(out: Path) -> str:
 
 def table(rows: list[dict]) -> list[str]:
     """One backbone's lines: the cells' table, then its failed runs that no later run of the cell made good."""
-    ok = [r for r in rows if "failed" not in r]
-    made_good = {(r["dataset"], r["method"], r["seed"], r.get("variant")) for r in ok}
-    failed = [r for r in rows if "failed" in r and (r["dataset"], r["method"], r["seed"], r.get("variant")) not in made_good]
+    ok, done = [r for r in rows if "failed" not in r], finished(rows)
+    failed = [r for r in rows if "failed" in r and cell(r) not in done]
     random_init = {(r["dataset"], r["seed"]): r["knn_top1"] for r in ok if r["method"] == "random-init"}
     cells: dict[tuple, list[dict]] = defaultdict(list)
     for r in ok:
@@ -85,6 +102,9 @@ def table(rows: list[dict]) -> list[str]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python benchmarks/recipe_summary.py OUT_DIR")
-    print(summarize(Path(sys.argv[1])))
+    if len(sys.argv) == 3 and sys.argv[1] == "--finished":  # one cell a line, tab-separated
+        print("\n".join("\t".join(c) for c in sorted(finished(read_rows(Path(sys.argv[2]))))))
+    elif len(sys.argv) == 2:
+        print(summarize(Path(sys.argv[1])))
+    else:
+        raise SystemExit("usage: python benchmarks/recipe_summary.py [--finished] OUT_DIR")

@@ -72,19 +72,10 @@ START=$(date +%s)
 STOP=0  # set by a TERM or INT: no further cell starts
 trap 'STOP=1' TERM INT
 
-# The cells an earlier run of this grid finished: backbone, dataset, method, seed, variant of every line that is no
-# failure (a line cut short by a kill is skipped, and its cell runs again).
+# The cells an earlier run of this grid finished (backbone, dataset, method, seed, variant), as the summary reads
+# them; read whole, not through a process substitution, so the scheduler's `wait -n` sees the cells alone.
 declare -A DONE=()
-FINISHED=$($PY -c '
-import json, sys
-for line in open(sys.argv[1]):
-    try:
-        r = json.loads(line)
-    except ValueError:
-        continue
-    if "failed" not in r:
-        print("\t".join(str(r.get(k, "")) for k in ("backbone", "dataset", "method", "seed", "variant")))
-' "$RESULTS")  # read whole, not through a process substitution: the scheduler's `wait -n` sees the cells alone
+FINISHED=$($PY benchmarks/recipe_summary.py --finished "$OUT")
 while IFS= read -r key; do if [[ -n $key ]]; then DONE[$key]=1; fi; done <<< "$FINISHED"
 
 missing=""
@@ -102,10 +93,10 @@ run_cell() {
   local backbone=$1 ds=$2 method=$3 seed=$4 label=$5 flags=$6
   local where="$ds" what="$ds"  # one backbone: the layout it always had; several: each backbone's own folder
   (( ${#BACKBONES[@]} > 1 )) && where="$backbone/$ds" what="$backbone $ds"
-  if [[ $method == random-init ]]; then  # the baseline: the random init of every seed (a few seconds)
+  if [[ $method == random-init ]]; then  # the baseline: the random init of the seeds in $seed (a few seconds)
     local log="$OUT/logs/${where//\//-}-random-init.log"
     # shellcheck disable=SC2086
-    $PY benchmarks/recipe_knn.py --train "$DATA/$ds/train" --eval "$DATA/$ds/eval" --random-init --seed $SEEDS \
+    $PY benchmarks/recipe_knn.py --train "$DATA/$ds/train" --eval "$DATA/$ds/eval" --random-init --seed $seed \
       --backbone "$backbone" --image-size "$IMAGE_SIZE" --device "$DEVICE" --results "$RESULTS" --tag "backbone=$backbone" \
       --tag "dataset=$ds" --tag "method=random-init" \
       --tag "variant=-" --tag "recipe=-" >"$log" 2>&1 \
@@ -154,15 +145,15 @@ run_cell() {
 
 # The job list: the baselines first, then seeds outermost (backbones next, in the order given: name the slowest
 # first, so the last jobs to start are short ones), so an early look at results.jsonl has every cell once. Cells an
-# earlier run finished are left out; a baseline runs again unless every seed of it is there.
+# earlier run finished are left out, and a baseline runs for the seeds it lacks.
 JOBFILE=$OUT/jobs.tsv
 : > "$JOBFILE"
 KEPT=0
 for bb in "${BACKBONES[@]}"; do
   for ds in $DATASETS; do
-    missing=0
-    for seed in $SEEDS; do [[ -n ${DONE[$bb$'\t'$ds$'\t'random-init$'\t'$seed$'\t'-]:-} ]] || missing=1; done
-    if (( missing )); then printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$bb" "$ds" random-init all - "" >>"$JOBFILE"; fi
+    missing=""
+    for seed in $SEEDS; do [[ -n ${DONE[$bb$'\t'$ds$'\t'random-init$'\t'$seed$'\t'-]:-} ]] || missing+=" $seed"; done
+    if [[ -n $missing ]]; then printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$bb" "$ds" random-init "${missing# }" - "" >>"$JOBFILE"; fi
   done
 done
 IFS=';' read -r -a VARIANT_LIST <<< "$VARIANTS"
