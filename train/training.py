@@ -125,6 +125,74 @@ def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, chann
             b.copy_(s)  # in place: the graphs hold these addresses
 
 
+def loss_graphable(model: torch.nn.Module, sizes: tuple[int, ...], world: int) -> bool:
+    """Whether graph_loss can capture the method's whole loss rather than graph_backbone its backbone alone: one
+    process (with several, the loss gathers every rank's embeddings: a collective inside the capture), every view at
+    one size (a multi-crop method's local views would need a capture of their own) and a method whose forward
+    never reads a device value on the host (its `loss_capturable`; MoCo v3's key queue counts its keys that way
+    while it fills). A method that does not say is not captured whole."""
+    return world == 1 and len(set(sizes)) == 1 and getattr(model, "loss_capturable", False)
+
+
+def graph_loss(model: torch.nn.Module, views: int, batch: int, image_size: int, channels_last: bool, precision) -> None:
+    """Capture the method's whole loss, forward and backward, for `views` batches of `batch` images each: every view
+    through the backbone, the heads, a momentum branch and the loss (torch.cuda.make_graphed_callables). With the
+    backbone alone in a graph, a small-image step of a mobile net is bound by the host's launches outside it: the
+    heads, the loss, their backward and a momentum branch run layer by layer from Python (MobileNetV3-Small at
+    32 px: 14.7 ms of host time a step for 6.1 ms of GPU work, docs/benchmarks.md). Captured, the step is two graph
+    launches plus the optimizer's and the momentum update's multi-tensor ops, which stay outside: the learning
+    rate and the momentum change every step as Python numbers, which a graph would hold fixed.
+
+    In place, like graph_backbone: the model keeps its parameters and state_dict, its forward replays the graph
+    for views of the captured shapes in training mode with gradients on (by_views) and runs the plain forward for
+    anything else. The capture's warm-up passes move the BatchNorm statistics (the momentum branch's too); they
+    are put back, so training starts exactly where it would have."""
+    device = next(model.parameters()).device
+    saved = [b.detach().clone() for b in model.buffers()]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    own = torch.Generator(device).manual_seed(0)  # not the global CUDA generator: its state is the run's
+    samples = tuple(torch.randn(batch, 3, image_size, image_size, device=device, generator=own)
+                    .contiguous(memory_format=fmt) for _ in range(views))
+    if hasattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch"):  # as in graph_backbone
+        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
+    warnings.filterwarnings("ignore", message=r"The AccumulateGrad node's stream does not match the stream of the "
+                                              r"node that produced the incoming gradient", category=UserWarning)
+    eager = model.forward  # the plain forward, before it is replaced
+    loss = _Loss(model, eager, precision)
+    torch.cuda.make_graphed_callables(loss, samples)  # the forward enters its own autocast regions: none around it
+    model.forward = by_views(loss, eager, model, [s.shape for s in samples])
+    with torch.no_grad():
+        for b, s in zip(model.buffers(), saved):
+            b.copy_(s)  # in place: the graphs hold these addresses
+
+
+class _Loss(torch.nn.Module):
+    """The method's loss as a module of its views alone (make_graphed_callables passes tensors only). The method is
+    its one submodule, so every parameter the loss trains is one the capture takes a gradient for."""
+
+    def __init__(self, model: torch.nn.Module, eager, precision):
+        super().__init__()
+        self.model = model
+        self.eager, self.precision = eager, precision
+
+    def forward(self, *views: torch.Tensor) -> torch.Tensor:
+        return self.eager(list(views), self.precision)
+
+
+def by_views(graphed, eager, model: torch.nn.Module, shapes: list[torch.Size]):
+    """The method's forward(views, precision) once graph_loss captured it: the graph for views of the captured
+    shapes while the model trains with gradients on, the plain forward otherwise (an evaluation in eval mode, a
+    batch of another size). The graph writes its loss into the same buffer at every replay and the training loop
+    reads a step's loss after the next step has run, so the loss is handed out as a copy."""
+
+    def forward(views: list[torch.Tensor], precision) -> torch.Tensor:
+        if model.training and torch.is_grad_enabled() and [v.shape for v in views] == shapes:
+            return graphed(*views).clone()
+        return eager(views, precision)
+
+    return forward
+
+
 def by_shape(graphed, eager, shape: torch.Size):
     """A forward that replays the graph for inputs of the captured shape and runs `eager` for any other (a graph
     copies its input into a buffer of that one shape). Read on the host: no wait for the GPU."""
@@ -197,9 +265,13 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
     compiled = use_compile(cfg.compile, cfg.backbone, graphs, world)
     if compiled:  # the forward alone, so graph_backbone can capture the compiled kernels; state_dict keys stay
         model.backbone.forward = torch.compile(model.backbone.forward)
-    if graphs:  # the views at the run's size of this process's images go through the backbone as one batch
-        full = augment.view_sizes(cfg.method, cfg.image_size).count(cfg.image_size)
-        graph_backbone(model.backbone, full * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
+    if graphs:
+        sizes = augment.view_sizes(cfg.method, cfg.image_size)
+        if loss_graphable(model, sizes, world):  # forward and backward of the whole loss: two launches a step
+            graph_loss(model, len(sizes), cfg.batch_size, cfg.image_size, channels_last, precision)
+        else:  # the views at the run's size of this process's images go through the backbone as one batch
+            full = sizes.count(cfg.image_size)
+            graph_backbone(model.backbone, full * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
     total_steps = steps_per_epoch * cfg.epochs
     optimizer = build_optimizer(cfg.optimizer, param_groups(model, cfg.pred_lr), peak_lr(cfg), cfg.weight_decay,
                                 cfg.lars_eta)

@@ -22,14 +22,58 @@ def test_a_graphed_backbone_replays_its_captured_shape_and_runs_any_other_eagerl
     assert calls == ["graph", "eager", "eager", "graph"]
 
 
-def test_the_graph_captures_every_view_at_the_runs_size_as_one_batch(tiny_overrides, monkeypatch):
-    """Three views at the run's size and two local ones: the capture is of the three global views of the per-process
-    batch, concatenated, at the run's size, as the two-view methods' is of both their views."""
+def test_the_graph_captures_the_whole_loss_or_every_view_at_the_runs_size_as_one_batch(tiny_overrides, monkeypatch):
+    """Two views at the run's size: the whole loss is captured, for two batches of the run's size. Three views at
+    the run's size and two local ones: the backbone alone, for the three global views of the per-process batch,
+    concatenated, at the run's size. MoCo v3 with a key queue: the backbone alone, for both views."""
     captured = []
     monkeypatch.setattr(training, "use_cuda_graphs", lambda *a, **k: True)
-    monkeypatch.setattr(training, "graph_backbone", lambda backbone, batch, size, *a: captured.append((batch, size)))
+    monkeypatch.setattr(training, "graph_backbone", lambda backbone, batch, size, *a: captured.append(("backbone", batch, size)))
+    monkeypatch.setattr(training, "graph_loss", lambda model, views, batch, size, *a: captured.append(("loss", views, batch, size)))
     local = augment.ViewRecipe(crop_scale=(0.05, 0.4), size=0.5)
     for views in (byol.SPEC.views, (*byol.SPEC.views, byol.SPEC.views[0], local, local)):
         monkeypatch.setattr(byol, "SPEC", dataclasses.replace(byol.SPEC, views=views))
         training.build_training(resolve(PretrainConfig(**{**tiny_overrides, "method": "byol"})), torch.device("cpu"), 4)
-    assert captured == [(2 * 8, 16), (3 * 8, 16)]
+    for method, extra in (("simclr", {}), ("mocov3", {}), ("mocov3", {"queue_size": 64})):
+        training.build_training(resolve(PretrainConfig(**{**tiny_overrides, "method": method, **extra})),
+                                torch.device("cpu"), 4)
+    assert captured == [("loss", 2, 8, 16), ("backbone", 3 * 8, 16), ("loss", 2, 8, 16), ("loss", 2, 8, 16),
+                        ("backbone", 2 * 8, 16)]
+
+
+def test_the_whole_loss_is_captured_for_one_process_views_of_one_size_and_a_method_that_allows_it():
+    class Method(torch.nn.Module):
+        loss_capturable = True
+
+    assert training.loss_graphable(Method(), (32, 32), 1)
+    assert not training.loss_graphable(Method(), (32, 32), 2)  # the loss gathers every rank's embeddings
+    assert not training.loss_graphable(Method(), (32, 32, 16), 1)  # local views: another shape
+    assert not training.loss_graphable(torch.nn.Module(), (32, 32), 1)  # a method that does not say
+    Method.loss_capturable = False
+    assert not training.loss_graphable(Method(), (32, 32), 1)
+
+
+def test_a_graphed_loss_replays_its_captured_shapes_in_training_and_hands_out_a_copy():
+    """The graph's loss buffer is rewritten at the next replay, which the loop runs before it reads a step's loss: a
+    copy goes out. Another shape, eval mode or no gradients take the plain forward."""
+    buffer, calls = torch.zeros(()), []
+    model = torch.nn.Linear(1, 1)
+
+    def graphed(*views):
+        calls.append("graph")
+        return buffer
+
+    forward = training.by_views(graphed, lambda views, precision: calls.append("eager") or torch.ones(()), model,
+                                [torch.Size((4, 3, 8, 8))] * 2)
+    same, other = [torch.zeros(4, 3, 8, 8)] * 2, [torch.zeros(4, 3, 8, 8), torch.zeros(4, 3, 4, 4)]
+    out = forward(same, None)
+    buffer.fill_(7.0)  # the next replay
+    assert out.item() == 0.0
+    forward(other, None)
+    with torch.no_grad():
+        forward(same, None)
+    model.eval()
+    forward(same, None)
+    model.train()
+    forward(same, None)
+    assert calls == ["graph", "eager", "eager", "eager", "graph"]

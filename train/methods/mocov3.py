@@ -83,6 +83,12 @@ class MoCoV3(nn.Module):
         self.momentum = cfg.momentum_base
         self.queue = KeyQueue(cfg.queue_size, cfg.proj_dim) if cfg.queue_size > 0 else None
 
+    @property
+    def loss_capturable(self) -> bool:
+        """train/training.graph_loss may capture forward without a key queue: the queue reads its count of keys
+        from the device while it fills, which a CUDA graph cannot do."""
+        return self.queue is None
+
     def forward(self, views: list[torch.Tensor], precision) -> torch.Tensor:
         x1, x2 = views
         (q1, q2), (k1, k2) = online_and_momentum(x1, x2, precision, self.backbone, (self.projector, self.predictor),
