@@ -68,8 +68,8 @@ def keep_on_device(images: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def use_cuda_graphs(choice: str, device: torch.device, world: int, sync_bn: bool = False) -> bool:
     """CUDA graphs need CUDA; SyncBatchNorm's collectives (it runs under DDP) would sit inside the captured forward
-    and backward, so that case stays eager. Several processes otherwise graph the backbone as one does and average
-    gradients after it (distributed.flat_gradients). A compiled backbone is graphed too: its compiled kernels are
+    and backward, so that case stays eager. Several processes otherwise graph the backbone (one process captures
+    the whole loss where it can: graph_loss) and average gradients after it (distributed.flat_gradients). A compiled backbone is graphed too: its compiled kernels are
     captured (ResNet-18 at 32 px: 38,210 img/s end to end compiled in the graphs, 27,086 compiled alone,
     docs/benchmarks.md)."""
     possible = device.type == "cuda" and not (world > 1 and sync_bn)
