@@ -69,9 +69,9 @@ def keep_on_device(images: torch.Tensor, device: torch.device) -> torch.Tensor:
 def use_cuda_graphs(choice: str, device: torch.device, world: int, sync_bn: bool = False) -> bool:
     """CUDA graphs need CUDA; SyncBatchNorm's collectives (it runs under DDP) would sit inside the captured forward
     and backward, so that case stays eager. Several processes otherwise graph the backbone (one process captures
-    the whole loss where it can: graph_loss) and average gradients after it (distributed.flat_gradients). A compiled backbone is graphed too: its compiled kernels are
-    captured (ResNet-18 at 32 px: 38,210 img/s end to end compiled in the graphs, 27,086 compiled alone,
-    docs/benchmarks.md)."""
+    the whole loss where it can: graph_loss) and average gradients after it (distributed.flat_gradients). A
+    compiled backbone is graphed too: its compiled kernels are captured (ResNet-18 at 32 px: 38,210 img/s end to
+    end compiled in the graphs, 27,086 compiled alone, docs/benchmarks.md)."""
     possible = device.type == "cuda" and not (world > 1 and sync_bn)
     if choice == "on" and not possible:
         raise PipelineError("--cuda-graphs on needs CUDA without --sync-bn on several processes (this run: device "
@@ -100,13 +100,24 @@ def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, chann
     module once, in place, so a graph per size would take a copy of the backbone per size sharing its parameters
     and a capture (with its own static activations) per size, for views that cost a fraction of the global ones.
     The graphed call may run once per step: a second replay overwrites the first's outputs before its backward."""
-    device = next(backbone.parameters()).device
-    saved = [b.detach().clone() for b in backbone.buffers()]
+    amp = (torch.autocast("cuda", dtype=precision.backbone_dtype, cache_enabled=False)  # capture needs no cache
+           if precision.backbone_dtype is not None else contextlib.nullcontext())
+    eager = backbone.forward  # the plain forward, before the capture replaces it
+    (sample,) = capture(backbone, 1, batch, image_size, channels_last, amp)
+    backbone.forward = by_shape(backbone.forward, eager, sample.shape)
+
+
+def capture(module: torch.nn.Module, inputs: int, batch: int, image_size: int, channels_last: bool,
+            amp=contextlib.nullcontext()) -> tuple[torch.Tensor, ...]:
+    """make_graphed_callables(module, samples), in place, for `inputs` sample batches of `batch` images (returned):
+    what graph_backbone and graph_loss share. The capture's warm-up passes move the BatchNorm statistics; they are
+    put back, so training starts exactly where it would have."""
+    device = next(module.parameters()).device
+    saved = [b.detach().clone() for b in module.buffers()]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     own = torch.Generator(device).manual_seed(0)  # not the global CUDA generator: its state is the run's
-    sample = torch.randn(batch, 3, image_size, image_size, device=device, generator=own).contiguous(memory_format=fmt)
-    amp = (torch.autocast(device.type, dtype=precision.backbone_dtype, cache_enabled=False)  # capture needs no cache
-           if precision.backbone_dtype is not None else contextlib.nullcontext())
+    samples = tuple(torch.randn(batch, 3, image_size, image_size, device=device, generator=own)
+                    .contiguous(memory_format=fmt) for _ in range(inputs))
     # The capture's warm-up runs on make_graphed_callables' own stream, and autograd remembers that stream for each
     # parameter's gradient accumulator: every backward then adds a GPU-side event wait per parameter (no host
     # wait, so no cost a step shows: docs/benchmarks.md) and torch warns once, already during the capture. Expected
@@ -116,13 +127,12 @@ def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, chann
         torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
     warnings.filterwarnings("ignore", message=r"The AccumulateGrad node's stream does not match the stream of the "
                                               r"node that produced the incoming gradient", category=UserWarning)
-    eager = backbone.forward  # the plain forward, before the capture replaces it
     with amp:
-        torch.cuda.make_graphed_callables(backbone, (sample,))
-    backbone.forward = by_shape(backbone.forward, eager, sample.shape)
+        torch.cuda.make_graphed_callables(module, samples)
     with torch.no_grad():
-        for b, s in zip(backbone.buffers(), saved):
+        for b, s in zip(module.buffers(), saved):
             b.copy_(s)  # in place: the graphs hold these addresses
+    return samples
 
 
 def loss_graphable(model: torch.nn.Module, sizes: tuple[int, ...], world: int) -> bool:
@@ -145,25 +155,11 @@ def graph_loss(model: torch.nn.Module, views: int, batch: int, image_size: int, 
 
     In place, like graph_backbone: the model keeps its parameters and state_dict, its forward replays the graph
     for views of the captured shapes in training mode with gradients on (by_views) and runs the plain forward for
-    anything else. The capture's warm-up passes move the BatchNorm statistics (the momentum branch's too); they
-    are put back, so training starts exactly where it would have."""
-    device = next(model.parameters()).device
-    saved = [b.detach().clone() for b in model.buffers()]
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    own = torch.Generator(device).manual_seed(0)  # not the global CUDA generator: its state is the run's
-    samples = tuple(torch.randn(batch, 3, image_size, image_size, device=device, generator=own)
-                    .contiguous(memory_format=fmt) for _ in range(views))
-    if hasattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch"):  # as in graph_backbone
-        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
-    warnings.filterwarnings("ignore", message=r"The AccumulateGrad node's stream does not match the stream of the "
-                                              r"node that produced the incoming gradient", category=UserWarning)
+    anything else. The BatchNorm statistics the capture moves are put back, the momentum branch's too (capture)."""
     eager = model.forward  # the plain forward, before it is replaced
-    loss = _Loss(model, eager, precision)
-    torch.cuda.make_graphed_callables(loss, samples)  # the forward enters its own autocast regions: none around it
+    loss = _Loss(model, eager, precision)  # its buffers are the model's
+    samples = capture(loss, views, batch, image_size, channels_last)  # the forward enters its own autocast regions
     model.forward = by_views(loss, eager, model, [s.shape for s in samples])
-    with torch.no_grad():
-        for b, s in zip(model.buffers(), saved):
-            b.copy_(s)  # in place: the graphs hold these addresses
 
 
 class _Loss(torch.nn.Module):
@@ -263,7 +259,7 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     graphs = use_cuda_graphs(cfg.cuda_graphs, device, world, cfg.sync_bn)
     compiled = use_compile(cfg.compile, cfg.backbone, graphs, world)
-    if compiled:  # the forward alone, so graph_backbone can capture the compiled kernels; state_dict keys stay
+    if compiled:  # the forward alone, so the graphs below capture the compiled kernels; state_dict keys stay
         model.backbone.forward = torch.compile(model.backbone.forward)
     if graphs:
         sizes = augment.view_sizes(cfg.method, cfg.image_size)

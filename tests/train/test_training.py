@@ -77,3 +77,39 @@ def test_a_graphed_loss_replays_its_captured_shapes_in_training_and_hands_out_a_
     model.train()
     forward(same, None)
     assert calls == ["graph", "eager", "eager", "eager", "graph"]
+
+
+def test_a_capture_puts_back_the_batchnorm_statistics_its_warm_up_moved(monkeypatch):
+    """make_graphed_callables (CUDA only) runs warm-up passes in training mode before it captures; a stand-in here
+    does just that, so what `capture` does around it runs on the CPU: its samples (one per input, the run's shape
+    and memory format, from its own generator, not the run's) and the BatchNorm statistics put back in place."""
+    def warm_up(module, samples):
+        for _ in range(3):
+            module(*samples).sum().backward()
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", warm_up)
+    class TwoViews(torch.nn.Module):  # a loss of two inputs, as graph_loss's _Loss
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+
+        def forward(self, a, b):
+            return self.net(a) + self.net(b)
+
+    torch.manual_seed(0)
+    loss = TwoViews()
+    net = loss.net
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    addresses = [b.data_ptr() for b in net.buffers()]
+    state = torch.get_rng_state()
+    samples = training.capture(loss, 2, 5, 8, channels_last=True)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert [s.shape for s in samples] == [torch.Size((5, 3, 8, 8))] * 2
+    assert all(s.is_contiguous(memory_format=torch.channels_last) for s in samples)
+    assert not torch.equal(samples[0], samples[1])
+    after = net.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert [b.data_ptr() for b in net.buffers()] == addresses
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src: self)  # the warm-up did move them: no put-back,
+    training.capture(loss, 2, 5, 8, channels_last=False)                # and they differ
+    assert not torch.equal(before["1.running_mean"], net.state_dict()["1.running_mean"])
