@@ -318,6 +318,7 @@ def result_of(cfg: BenchConfig, p: Plan, device: torch.device, world: int, mode:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "augment": mode, "num_workers": default_workers(cfg.num_workers) if mode == "cpu" else 0,
         "channels_last": training.channels_last, "compile": training.compiled, "cuda_graphs": training.cuda_graphs,
+        "captured": training.captured,
         "precision": ("fp64" if training.precision.param_dtype == torch.float64 else "fp32") if training.precision.backbone_dtype is None else str(training.precision.backbone_dtype).removeprefix("torch."),
         "torch": torch.__version__,
         "e2e_img_s": round(e2e_rate, 2), "ceiling_img_s": round(ceiling_rate, 2),
@@ -340,7 +341,7 @@ def format_table(r: dict) -> str:
         return format_timing(r)
     head = (f"{r['method']}/{r['backbone']} {r['image_size']} px, batch {r['batch_size']} "
             f"({r['processes']} x {r['per_process_batch']}), {r['device_name']}, augment {r['augment']}, "
-            f"channels_last {r['channels_last']}, CUDA graphs {r.get('cuda_graphs', False)}, "
+            f"channels_last {r['channels_last']}, CUDA graphs {r.get('captured') or r.get('cuda_graphs', False)}, "
             f"compiled {r.get('compile', False)}, {r['precision']}")
     rows = [("end-to-end", f"{r['e2e_img_s']:,.0f} img/s"), ("model-step ceiling", f"{r['ceiling_img_s']:,.0f} img/s"),
             ("ratio", f"{r['ratio']:.3f}"), ("data wait", f"{r['data_wait_pct']:.1f} %"),

@@ -277,7 +277,7 @@ def train(r: Run) -> tuple[int, float, int]:
     workers = default_workers(cfg.num_workers)
     r.say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(r.train_images)} train images, "
           f"{spe} steps/epoch, {t.total_steps} steps, device {r.device} x {r.shard[1]}, augment {r.mode}, "
-          f"preprocess {r.pre_note}, channels_last {t.channels_last}, CUDA graphs {t.cuda_graphs}, "
+          f"preprocess {r.pre_note}, channels_last {t.channels_last}, CUDA graphs {t.captured or 'off'}, "
           f"compiled {t.compiled}, peak lr {peak_lr(cfg):.4g}")
     t.model.train()
     step, waited, pending, knn = r.step, 0.0, None, {}  # waited: host seconds spent waiting for batches

@@ -237,6 +237,7 @@ class Training:
     total_steps: int
     channels_last: bool
     cuda_graphs: bool = False
+    captured: str = ""  # what the CUDA graphs hold: "whole loss" (graph_loss) or "backbone" (graph_backbone)
     compiled: bool = False  # the backbone's forward through torch.compile (use_compile)
     grads: torch.Tensor | None = None  # several processes without SyncBN: the flat gradient buffer averaged each step
 
@@ -261,13 +262,16 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
     compiled = use_compile(cfg.compile, cfg.backbone, graphs, world)
     if compiled:  # the forward alone, so the graphs below capture the compiled kernels; state_dict keys stay
         model.backbone.forward = torch.compile(model.backbone.forward)
+    captured = ""
     if graphs:
         sizes = augment.view_sizes(cfg.method, cfg.image_size)
         if loss_graphable(model, sizes, world):  # forward and backward of the whole loss: two launches a step
             graph_loss(model, len(sizes), cfg.batch_size, cfg.image_size, channels_last, precision)
+            captured = "whole loss"
         else:  # the views at the run's size of this process's images go through the backbone as one batch
             full = sizes.count(cfg.image_size)
             graph_backbone(model.backbone, full * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
+            captured = "backbone"
     total_steps = steps_per_epoch * cfg.epochs
     optimizer = build_optimizer(cfg.optimizer, param_groups(model, cfg.pred_lr), peak_lr(cfg), cfg.weight_decay,
                                 cfg.lars_eta)
@@ -281,7 +285,7 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
         else:  # one all-reduce of one flat buffer after the (graphed) backward: see distributed.flat_gradients
             grads = distributed.flat_gradients(model.parameters())
     return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last, graphs,
-                    compiled, grads), feat_dim
+                    captured, compiled, grads), feat_dim
 
 
 def fp32_backbone(t: Training) -> torch.nn.Module:

@@ -31,14 +31,19 @@ def test_the_graph_captures_the_whole_loss_or_every_view_at_the_runs_size_as_one
     monkeypatch.setattr(training, "graph_backbone", lambda backbone, batch, size, *a: captured.append(("backbone", batch, size)))
     monkeypatch.setattr(training, "graph_loss", lambda model, views, batch, size, *a: captured.append(("loss", views, batch, size)))
     local = augment.ViewRecipe(crop_scale=(0.05, 0.4), size=0.5)
+    said = []  # what the run says it captured (pretrain's log line, bench's JSON)
     for views in (byol.SPEC.views, (*byol.SPEC.views, byol.SPEC.views[0], local, local)):
         monkeypatch.setattr(byol, "SPEC", dataclasses.replace(byol.SPEC, views=views))
-        training.build_training(resolve(PretrainConfig(**{**tiny_overrides, "method": "byol"})), torch.device("cpu"), 4)
+        t, _ = training.build_training(resolve(PretrainConfig(**{**tiny_overrides, "method": "byol"})),
+                                       torch.device("cpu"), 4)
+        said.append(t.captured)
     for method, extra in (("simclr", {}), ("mocov3", {}), ("mocov3", {"queue_size": 64})):
-        training.build_training(resolve(PretrainConfig(**{**tiny_overrides, "method": method, **extra})),
-                                torch.device("cpu"), 4)
+        t, _ = training.build_training(resolve(PretrainConfig(**{**tiny_overrides, "method": method, **extra})),
+                                       torch.device("cpu"), 4)
+        said.append(t.captured)
     assert captured == [("loss", 2, 8, 16), ("backbone", 3 * 8, 16), ("loss", 2, 8, 16), ("loss", 2, 8, 16),
                         ("backbone", 2 * 8, 16)]
+    assert said == ["whole loss", "backbone", "whole loss", "whole loss", "backbone"]
 
 
 def test_the_whole_loss_is_captured_for_one_process_views_of_one_size_and_a_method_that_allows_it():
