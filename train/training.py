@@ -236,10 +236,13 @@ class Training:
     precision: object
     total_steps: int
     channels_last: bool
-    cuda_graphs: bool = False
-    captured: str = ""  # what the CUDA graphs hold: "whole loss" (graph_loss) or "backbone" (graph_backbone)
+    captured: str = ""  # what the CUDA graphs hold: "whole loss" (graph_loss), "backbone" (graph_backbone) or none
     compiled: bool = False  # the backbone's forward through torch.compile (use_compile)
     grads: torch.Tensor | None = None  # several processes without SyncBN: the flat gradient buffer averaged each step
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return bool(self.captured)
 
 
 def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: int) -> tuple[Training, int]:
@@ -284,8 +287,8 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
             forward = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
         else:  # one all-reduce of one flat buffer after the (graphed) backward: see distributed.flat_gradients
             grads = distributed.flat_gradients(model.parameters())
-    return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last, graphs,
-                    captured, compiled, grads), feat_dim
+    return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last, captured,
+                    compiled, grads), feat_dim
 
 
 def fp32_backbone(t: Training) -> torch.nn.Module:
