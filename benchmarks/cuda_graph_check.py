@@ -9,6 +9,10 @@ Then a multi-crop method's case, whose backbone alone is captured (training.grap
 build_training calls it for such a method): a batch of local views (half the side) through the graphed backbone
 takes its plain forward (training.by_shape), beside the captured batch of global views in the same step: prints
 the gradients' largest relative difference from graphs off. Not for a ViT, which takes one side only.
+Stochastic depth (EfficientNet-B0's and ConvNeXt-T's, torchvision's default) draws its masks from the CUDA
+generator, whose offset a graph replay advances by the capture's whole total and an eager step op by op, so a
+graphed run draws other masks than an eager one: for such a backbone the comparisons above run with it off, and a
+last line shows that with it on each replay draws fresh masks: the graphed loss of the same views twice, apart.
 Usage (a CUDA machine): python3 benchmarks/cuda_graph_check.py [--compile] [--backbone NAME (default resnet18)]"""
 
 import statistics
@@ -16,7 +20,9 @@ import sys
 
 import torch
 
-from train.backbones import BACKBONES
+from torchvision.ops import StochasticDepth
+
+from train.backbones import BACKBONES, build_backbone
 from train.configs import PretrainConfig
 from train.training import build_training, graph_backbone, train_step
 from train.runspec import resolve, seed_everything
@@ -26,6 +32,10 @@ VARIANTS = ("off", "on", "off+compile", "on+compile") if "--compile" in sys.argv
 PAIRS = [("off", v) for v in VARIANTS[1:]] + ([("off+compile", "on+compile")] if "--compile" in sys.argv else [])
 STEPS, BATCH, SIZE = 20, 128, 32
 BACKBONE = sys.argv[sys.argv.index("--backbone") + 1] if "--backbone" in sys.argv else "resnet18"
+# Off (the identity, what p = 0 computes) for the comparisons; put back for the last line.
+drop_path = StochasticDepth.forward
+STOCHASTIC = any(isinstance(m, StochasticDepth) for m in build_backbone(BACKBONE, small_stem=True, image_size=SIZE)[0].modules())
+StochasticDepth.forward = lambda self, x: x
 batches = [[torch.rand(BATCH, 3, SIZE, SIZE, device=device, generator=torch.Generator(device).manual_seed(2 * i + v))
             .contiguous(memory_format=torch.channels_last) for v in (0, 1)] for i in range(STEPS)]
 for method, queue in (("simclr", None), ("byol", None), ("mocov3", None), ("mocov3", 1024)):
@@ -49,6 +59,20 @@ for method, queue in (("simclr", None), ("byol", None), ("mocov3", None), ("moco
               f"{runs[variant][0][0]:.4f} -> {runs[variant][0][-1]:.4f}; max |loss diff| over {STEPS} steps {dl:.2e}; "
               f"max relative weight diff {rel[worst]:.2e} ({worst}; median over parameters {statistics.median(rel.values()):.2e})")
 
+
+def fresh_masks() -> None:
+    """With stochastic depth on: the graphed SimCLR loss of the same views, weights unchanged, twice."""
+    StochasticDepth.forward = drop_path
+    cfg = resolve(PretrainConfig(method="simclr", backbone=BACKBONE, image_size=SIZE, batch_size=BATCH, epochs=1,
+                                 device="cuda", cuda_graphs="on", compile=False, warmup_epochs=0.1))
+    seed_everything(0)
+    t, _ = build_training(cfg, device, steps_per_epoch=STEPS)
+    t.model.train()
+    a, b = (float(t.forward(batches[0], t.precision)) for _ in range(2))
+    print(f"stochastic depth on, graphed ({t.captured}): the same views twice give losses {a:.6f} and {b:.6f}, "
+          f"{'fresh masks each replay' if a != b else 'THE SAME MASKS TWICE'}")
+
+
 grads = {}
 if BACKBONES[BACKBONE].family == "vit":  # torchvision's VisionTransformer takes the one side it was built for
     print(f"global + local views in one step: not run ({BACKBONE} takes {SIZE} px views only)")
@@ -70,3 +94,5 @@ for graphs in ("off", "on"):
     grads[graphs] = [p.grad.float().clone() for p in backbone.parameters() if p.grad is not None]
 dg = max(((a - b).norm() / a.norm()).item() for a, b in zip(grads["off"], grads["on"]))
 print(f"global + local views in one step: {len(grads['on'])} of {len(grads['off'])} gradients, max relative diff {dg:.2e}")
+if STOCHASTIC:
+    fresh_masks()
