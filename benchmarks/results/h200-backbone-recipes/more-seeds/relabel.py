@@ -33,8 +33,10 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
                       "../cn-vs-seeds12/vs-s2-b-results.jsonl"]),
     # ../r50-vb/README.md: call 1 ran out of time on five ResNet-50 cells and one ViT-B/16 cell, run in calls 2 and 3
     # ../r50-vb-resumed/README.md: one grid of both backbones, resumed across two calls; its file holds every line
+    # ../r50-seed2/README.md: the rest of ResNet-50 in two calls on two machines; its call B file holds every line
     "resnet50": ([], ["../r50-vb/r50-s0-results.jsonl", "../r50-vb/r50-call2-results.jsonl",
-                      "../r50-vb/r50-call3-results.jsonl", "../r50-vb-resumed/callB-results.jsonl"]),
+                      "../r50-vb/r50-call3-results.jsonl", "../r50-vb-resumed/callB-results.jsonl",
+                      "../r50-seed2/callB-results.jsonl"]),
     "vit_b_16": ([], ["../r50-vb/vb-digits-s0-results.jsonl", "../r50-vb/vb-call3-results.jsonl",
                       "../r50-vb-resumed/callB-results.jsonl"]),
 }
