@@ -299,6 +299,10 @@ def cpu_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: i
         ds, batch_sampler=batches, num_workers=num_workers,
         pin_memory=device.type == "cuda",  # pinned memory is a CUDA concept; elsewhere it only costs
         prefetch_factor=4 if num_workers > 0 else None,
+        # Its own generator: each iterator draws its workers' base seed from it, and from torch's global one
+        # without it. A resumed run's iterator starts mid-epoch, where the uninterrupted run made none, and that
+        # extra draw would shift the global generator that the backbone's random ops (stochastic depth) use.
+        generator=torch.Generator().manual_seed(seed * 7919 + epoch),
     )
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     for views in loader:

@@ -155,6 +155,27 @@ def test_resume_is_exact(tmp_path, tiny_overrides, method):
     assert _losses(full) == _losses(part)
 
 
+def test_resume_is_exact_with_stochastic_depth(tmp_path, tiny_overrides):
+    """EfficientNet-B0 keeps torchvision's stochastic depth, whose masks come from torch's global generator: the
+    resumed run must draw the masks the uninterrupted one drew (the checkpoint's RNG state), weight for weight."""
+    from torchvision.ops import StochasticDepth
+
+    from train.backbones import build_backbone
+
+    net = build_backbone("efficientnet_b0", small_stem=True, image_size=16)[0]
+    assert max(m.p for m in net.modules() if isinstance(m, StochasticDepth)) > 0.15  # masks are drawn every step
+    base = {**tiny_overrides, "backbone": "efficientnet_b0", "epochs": 2}
+    full = _run(tmp_path, base, name="full")
+    part = _run(tmp_path, {**base, "max_steps": 3}, name="part")
+    _run(tmp_path, {"max_steps": 0}, resume=True, name="part")
+    a = torch.load(full / rundir.LAST_CHECKPOINT, weights_only=False)
+    b = torch.load(part / rundir.LAST_CHECKPOINT, weights_only=False)
+    assert a["step"] == b["step"] == 10
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    assert _losses(full) == _losses(part)
+
+
 def test_run_directory_layout(tmp_path, tiny_overrides):
     out = _run(tmp_path, {**tiny_overrides, "max_steps": 2, "save_every": 1, "epochs": 1, "recipe": "paper"})
     assert (out / rundir.CONFIG).is_file() and (out / rundir.SPLIT).is_file() and (out / rundir.METRICS).is_file()
