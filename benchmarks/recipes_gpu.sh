@@ -32,7 +32,8 @@
 # IMAGE_SIZE (32), DEVICE (cuda), JOBS (4, per GPU), DATA (OUT_DIR/data), GPUS (with DEVICE=cuda: the GPUs to spread
 # the cells over, e.g. "0 1"; default every GPU in CUDA_VISIBLE_DEVICES or, unset, every one nvidia-smi lists: each
 # cell starts on the GPU running fewest and is pinned to it by CUDA_VISIBLE_DEVICES, since a training uses one GPU),
-# PYTHON (python3), VARIANTS: "label:extra pretrain flags;label2:flags" runs every cell once per variant, e.g.
+# START_BY (seconds: no cell starts later than this after the grid began; for a call whose machine may not outlive
+# it, where a cell started late would only share the GPU with the others and be lost half done), PYTHON (python3), VARIANTS: "label:extra pretrain flags;label2:flags" runs every cell once per variant, e.g.
 # VARIANTS="auto:;paper:--recipe paper" (default: one variant "auto" with no extra flag: what a user gets).
 # A smoke test on a CPU: EPOCHS=1 SEEDS=0 DEVICE=cpu JOBS=2 bash benchmarks/recipes_gpu.sh /tmp/recipes-smoke
 set -euo pipefail
@@ -52,6 +53,8 @@ IMAGE_SIZE=${IMAGE_SIZE:-32}
 BACKBONE=${BACKBONE:-resnet18}
 DEVICE=${DEVICE:-cuda}
 JOBS=${JOBS:-4}
+START_BY=${START_BY:-}
+[[ -z $START_BY || $START_BY =~ ^[0-9]+$ ]] || { echo "error: START_BY is whole seconds, not '$START_BY'" >&2; exit 2; }
 DATA=${DATA:-$OUT/data}
 if [[ -z ${GPUS:-} && $DEVICE == cuda ]]; then
   if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then GPUS=${CUDA_VISIBLE_DEVICES//,/ }
@@ -186,6 +189,10 @@ while (( ! STOP )) && IFS=$'\t' read -r bb ds method seed label flags; do
     [[ -n ${done_pid:-} ]] || break
     gpu=${GPU_OF[$done_pid]}
     LOAD[x$gpu]=$(( ${LOAD[x$gpu]} - 1 ))
+  fi
+  if [[ -n $START_BY ]] && (( $(date +%s) - START > START_BY )); then
+    echo "no further cell starts: more than START_BY=$START_BY s have passed (the same command again goes on from here)"
+    break
   fi
   (
     trap : TERM  # the cell outlives the signal that stops its training, to say what became of it
