@@ -275,10 +275,14 @@ def center_views(images: torch.Tensor, out_size: int) -> torch.Tensor:
     return TF.center_crop(images, [out_size, out_size])
 
 
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """A CPU generator of this run's epoch alone, never torch's global one (whose state the run's random ops use)."""
+    return torch.Generator().manual_seed(seed * 7919 + epoch)
+
+
 def epoch_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
     """The epoch's shuffled batches (last partial batch dropped: contrastive losses want full batches)."""
-    g = torch.Generator().manual_seed(seed * 7919 + epoch)
-    order = torch.randperm(n, generator=g).tolist()
+    order = torch.randperm(n, generator=epoch_generator(seed, epoch)).tolist()
     return [order[i : i + batch_size] for i in range(0, n - batch_size + 1, batch_size)]
 
 
@@ -302,7 +306,7 @@ def cpu_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: i
         # Its own generator: each iterator draws its workers' base seed from it, and from torch's global one
         # without it. A resumed run's iterator starts mid-epoch, where the uninterrupted run made none, and that
         # extra draw would shift the global generator that the backbone's random ops (stochastic depth) use.
-        generator=torch.Generator().manual_seed(seed * 7919 + epoch),
+        generator=epoch_generator(seed, epoch),
     )
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     for views in loader:
