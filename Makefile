@@ -80,15 +80,16 @@ $(RUN)/report.html: $(RUN)/validate/parity.json $(RUN)/eval/linear.json $(REPORT
 # pytest (a real headless Chromium among them), then `swift test` of the Swift package (EmbeddingKit against the
 # committed fixtures; no torch needed there). worksteal: a worker that runs out of tests takes the other's queued
 # ones, where the default handed each its share up front and left one idle for the last minute (docs/tests.md)
+PYTEST = $(BIN)/python -m pytest -n 2 --dist worksteal
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -n 2 --dist worksteal tests
+	$(PYTEST) tests
 	cd swift_demo && $(SWIFT) test
 
 # The suite under each of ATen's lower CPU kernel paths (the best path is `make test`'s): a number a test pins must
 # come out the same on every CPU, and these are the paths other CPUs take. Python tests only; ~2 x make test.
 test-portable: $(STAMP) browser
-	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -n 2 --dist worksteal tests
-	ATEN_CPU_CAPABILITY=avx2 $(BIN)/python -m pytest -n 2 --dist worksteal tests
+	ATEN_CPU_CAPABILITY=default $(PYTEST) tests
+	ATEN_CPU_CAPABILITY=avx2 $(PYTEST) tests
 
 # golden files for swift_demo/ from the run's export/encoder.pt (commit them; a pytest checks they are current)
 swift-fixtures: $(RUN)/export/encoder.json
