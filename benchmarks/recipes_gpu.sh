@@ -33,7 +33,8 @@
 # the cells over, e.g. "0 1"; default every GPU in CUDA_VISIBLE_DEVICES or, unset, every one nvidia-smi lists: each
 # cell starts on the GPU running fewest and is pinned to it by CUDA_VISIBLE_DEVICES, since a training uses one GPU),
 # START_BY (seconds: no cell starts later than this after the grid began; for a call whose machine may not outlive
-# it, where a cell started late would only share the GPU with the others and be lost half done), PYTHON (python3), VARIANTS: "label:extra pretrain flags;label2:flags" runs every cell once per variant, e.g.
+# it, where a cell started late would only share the GPU with the others and be lost half done), PYTHON (python3),
+# VARIANTS: "label:extra pretrain flags;label2:flags" runs every cell once per variant, e.g.
 # VARIANTS="auto:;paper:--recipe paper" (default: one variant "auto" with no extra flag: what a user gets).
 # A smoke test on a CPU: EPOCHS=1 SEEDS=0 DEVICE=cpu JOBS=2 bash benchmarks/recipes_gpu.sh /tmp/recipes-smoke
 set -euo pipefail
