@@ -37,8 +37,10 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
     "resnet50": ([], ["../r50-vb/r50-s0-results.jsonl", "../r50-vb/r50-call2-results.jsonl",
                       "../r50-vb/r50-call3-results.jsonl", "../r50-vb-resumed/callB-results.jsonl",
                       "../r50-seed2/callB-results.jsonl"]),
+    # ../vb-more/README.md: four grids in two calls, each seeded with every line before it
     "vit_b_16": ([], ["../r50-vb/vb-digits-s0-results.jsonl", "../r50-vb/vb-call3-results.jsonl",
-                      "../r50-vb-resumed/callB-results.jsonl"]),
+                      "../r50-vb-resumed/callB-results.jsonl", "../vb-more/ga-results.jsonl",
+                      "../vb-more/gb-results.jsonl", "../vb-more/gc-results.jsonl", "../vb-more/gd-results.jsonl"]),
 }
 for backbone, (earlier, later) in SOURCES.items():
     seen, rows = set(), []
