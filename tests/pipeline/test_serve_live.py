@@ -319,8 +319,11 @@ def test_the_page_uploads_shows_progress_survives_a_restart_and_downloads(tmp_pa
             assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(served.read_bytes()).digest()
 
             # another job watched: its bar starts from zero, not from the last one's end
-            driver.find_element(By.CSS_SELECTOR, f"#jobs tr[data-id='{old[0]}']").click()
-            wait_for(lambda: driver.find_element(By.ID, "d-id").text == old[0])
+            def watch_old() -> bool:  # the jobs table re-renders as it polls: a row found may be gone by the click
+                driver.find_element(By.CSS_SELECTOR, f"#jobs tr[data-id='{old[0]}']").click()
+                return driver.find_element(By.ID, "d-id").text == old[0]
+
+            wait_for(watch_old, 30, 0.5)
             wait_for(lambda: driver.find_element(By.ID, "d-state").text == "cancelled")
             assert driver.find_element(By.ID, "d-progress").get_attribute("value") == "0"
     finally:
