@@ -51,6 +51,43 @@ def test_topk_agreement_edges():
     assert parity.topk_agreement(ref, ref[::-1].copy(), 10) < 0.5  # features attached to the wrong images
 
 
+def _collapsed(n: int = 40, d: int = 64, spread: float = 1e-6) -> np.ndarray:
+    """Features that barely differ between images: one direction plus noise far below fp16's resolution (2^-11
+    of each value), as a barely trained encoder's."""
+    rng = np.random.default_rng(1)
+    f = rng.standard_normal(d) + spread * rng.standard_normal((n, d))
+    return f / np.linalg.norm(f, axis=1, keepdims=True)
+
+
+def test_the_fp16_floor_is_the_agreement_of_the_features_with_themselves_rounded_to_fp16():
+    apart = np.random.default_rng(0).standard_normal((40, 64))
+    assert parity.fp16_floor(apart, 10) > 0.99  # images an encoder tells apart keep their order in fp16
+    collapsed = _collapsed()
+    rounded = collapsed.astype(np.float16).astype(np.float64)
+    assert parity.fp16_floor(collapsed, 10) == parity.topk_agreement(collapsed, rounded, 10) < 0.5
+    assert parity.fp16_floor(apart[:1], 10) is None  # nothing to rank
+    assert parity.compare(collapsed, collapsed)["topk_fp16_floor"] == parity.fp16_floor(collapsed, 10)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "compressed"])
+def test_a_failed_top_k_gate_says_when_fp16_alone_cannot_keep_the_order(precision):
+    """Collapsed features: the artifact's top-k fails and the phrase gives the floor (the stage then explains it
+    once). Features attached to the wrong images fail top-k as well, with a floor of 1: no such phrase, the
+    export is to blame."""
+    gates = dict(GATES, compressed_min_topk=0.8, compressed_max_knn_drop=0.03, compressed_max_probe_drop=0.03,
+                 compressed_min_cosine=0.9)
+    collapsed = _collapsed()
+    noisy = collapsed + 1e-3 * np.random.default_rng(2).standard_normal(collapsed.shape) / 8  # rel-L2 ~1e-3
+    fails = parity.gate_failures(parity.compare(collapsed, noisy), precision, **gates)
+    floor = parity.fp16_floor(collapsed, 10)
+    assert [f for f in fails if f.startswith("top10_agreement")] == [
+        f"top10_agreement {parity.topk_agreement(collapsed, noisy, 10):.3f} < {0.95 if precision == 'fp16' else 0.8:g} "
+        f"({parity.UNRESOLVED} {floor:.3f})"]
+    apart = np.random.default_rng(0).standard_normal((40, 64))
+    fails = parity.gate_failures(parity.compare(apart, apart[::-1].copy()), precision, **gates)
+    assert any(f.startswith("top10_agreement") for f in fails) and not any(parity.UNRESOLVED in f for f in fails)
+
+
 def test_compare_reports_shape_and_non_finite_instead_of_numbers():
     ref = np.ones((4, 3))
     assert "error" in parity.compare(ref, np.ones((4, 2)))
@@ -118,7 +155,7 @@ def test_every_field_of_the_report_by_hand():
     assert m["per_image"]["rel_l2"] == pytest.approx([0, 0.1, math.sqrt(2) / 5])
     assert m["per_image"]["max_abs"] == pytest.approx([0, 0.2, 1.0])
     assert set(m) == {"images", "worst_cosine", "mean_cosine", "worst_rel_l2", "mean_rel_l2", "max_abs", "top_k",
-                      "topk_agreement", "worst_image", "per_image"}
+                      "topk_agreement", "topk_fp16_floor", "worst_image", "per_image"}
 
 
 def test_default_top_k_is_10():

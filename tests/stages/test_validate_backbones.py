@@ -1,6 +1,7 @@
 """A mobile net and a ViT through pretrain -> strip -> trace -> export -> validate (each built once per session, as
 test_validate.py builds its ResNet): the untouched .mlpackage, .mlmodel and .onnx pass, each tampered one fails,
-naming the artifact and the metric, and the fp16 ML Program keeps exactly its tail in fp32."""
+naming the artifact and the metric, and the fp16 ML Program keeps exactly its tail in fp32; a mobile net trained one
+step fails top-10 with the reason (its features' order is below fp16's resolution)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from core import rundir
 from core.config import load_config
 from core.errors import PipelineError
+from export import parity
+from pipeline.cli import main
 from tests.stages.test_validate import FILES, _parity, _quiet, _tamper_mlmodel, _tamper_mlpackage, _tamper_onnx, _validate, _view
 
 RUN = dict(data="synthetic:96", batch_size=16, epochs=1, max_steps=1, val_fraction=0.25, image_size=32)  # 24 val images
@@ -27,15 +31,17 @@ TAMPERED = ("mobilenet_v3_small", "vit_t_16")
 GATES = {"mobilenet_v3_small": {"fp16_max_rel_l2": 3e-2}, "vit_t_16": {}}
 
 
-def _build(root: Path, backbone: str) -> Path:
+def _build(root: Path, backbone: str, steps: dict | None = None, export: dict | None = None) -> Path:
+    """pretrain (RUN, with the backbone's STEPS unless `steps`) -> strip -> trace -> export (every format unless
+    `export` says otherwise) into root/run."""
     from stages import export as convert, strip, trace
     from tests.tiny_run import pretrain_tiny
 
     run = root / "run"
-    pretrain_tiny(run, backbone=backbone, **{**RUN, **STEPS[backbone]})
+    pretrain_tiny(run, backbone=backbone, **{**RUN, **(STEPS[backbone] if steps is None else steps)})
     strip.run(strip.StripConfig(), run, say=_quiet)
     trace.run(trace.TraceConfig(), run, say=_quiet)
-    convert.run(load_config(convert.ExportConfig, None, {}), run, say=_quiet)
+    convert.run(load_config(convert.ExportConfig, None, export or {}), run, say=_quiet)
     return run
 
 
@@ -144,3 +150,18 @@ def test_tampered_artifact_fails_naming_artifact_and_metric(exported, tmp_path, 
     assert msg.startswith("parity gate failed: ") and FILES[fmt] in msg and any(m in msg for m in metric), msg
     report = _parity(view)
     assert not report["passed"] and not report["rows"][0]["passed"] and report["rows"][0]["failures"]
+
+
+def test_a_mobile_net_trained_too_little_fails_top_k_and_the_error_says_why(tmp_path):
+    """One step: the BatchNorms still hold their init, every image's features point one way, and their neighbour
+    order lies below fp16's resolution. The fp16 artifacts' elementwise errors pass; top-10 fails, and the one error
+    line says that rounding PyTorch's own features to fp16 loses the order too, and what to do."""
+    run = _build(tmp_path, "mobilenet_v3_small", steps={}, export={"to": "coreml"})
+    res = CliRunner().invoke(main, ["validate", "--run", str(run), "--max-images", "16"])
+    assert res.exit_code == 2
+    errors = [line for line in res.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].count(parity.UNRESOLVED) == 2, res.output
+    assert errors[0].endswith(parity.UNRESOLVED_WHY) and "train longer" in errors[0]
+    for row in _parity(run)["rows"]:
+        assert row["worst_rel_l2"] < 1e-2 and row["topk_agreement"] < 0.95 and row["topk_fp16_floor"] < 0.95
+
