@@ -37,7 +37,7 @@ class PretrainConfig:
     method: str = opt("simclr", "SSL method", choices=methods.names())
     recipe: str = opt("auto", "hyper-parameters every unset option gets: small = the CIFAR-size benchmarks' (SGD; train/recipes.py), paper = the papers' ImageNet ones (LARS); auto = paper only at ImageNet scale (>= 100,000 train images, >= 30,000 steps, >= 65 px), else small. A flag or --config value always wins", choices=RECIPE_CHOICES)
     data: str = opt("digits", "data SPEC: photos (patches of ten photographs that ship inside scikit-learn, matplotlib and scikit-image) | digits | folder:PATH | cifar10:PATH | cifar100:PATH | synthetic:N")
-    backbone: str = opt("resnet18", "torchvision network, random init, its classifier removed (ViT-S/Ti: DeiT's sizes)", choices=tuple(BACKBONES))
+    backbone: str = opt("resnet18", "torchvision network, random init, its classifier removed (ViT-S/Ti: DeiT's sizes); for an app: mobilenet_v3_large (6 MB in fp16) or mobilenet_v3_small (2 MB), with SimCLR (README: which backbone)", choices=tuple(BACKBONES))
     small_stem: str = opt("auto", "keep small images' pixels: ResNet 3x3 stride-1 stem without max-pool; MobileNetV3/EfficientNet first conv at stride 1; ConvNeXt 2x2 stride-2 stem; ViT patch 4 (the side a multiple of it); auto = on for images <= 64 px", choices=("auto", "on", "off"))
     image_size: int = opt(32, "training crop side in pixels; 32 = CIFAR's, where the small recipes were measured. On a "
                               "CPU it is slow: ~15 s of CPU time per step of 128 (2 free cores: the default 120 steps "
