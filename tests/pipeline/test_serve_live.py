@@ -22,8 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import yaml
 
 from train import runspec
+from train.backbones import BACKBONES
 from pipeline.serve.store import Store
 
 httpx = pytest.importorskip("httpx")
@@ -263,6 +265,11 @@ def test_the_page_uploads_shows_progress_survives_a_restart_and_downloads(tmp_pa
             assert driver.execute_script("return localStorage.length") == 0
             driver.find_element(By.ID, "file").send_keys(str(photos))
             Select(driver.find_element(By.ID, "method")).select_by_value("simclr")
+            backbones = [o.get_attribute("value") for o in Select(driver.find_element(By.ID, "backbone")).options]
+            assert backbones == list(BACKBONES)  # the registry's, in its order
+            assert Select(driver.find_element(By.ID, "backbone")).first_selected_option.text == "resnet18"  # the default
+            assert "mobilenet_v3_large" in driver.find_element(By.ID, "backbone").get_attribute("title")  # for an app
+            Select(driver.find_element(By.ID, "backbone")).select_by_value("mobilenet_v3_small")
             # ONNX alone: the cheapest export; what the page does with a download does not depend on the format
             Select(driver.find_element(By.ID, "formats")).select_by_value("onnx")
             for name, value in (("epochs", "2"), ("image_size", "16"), ("batch_size", "8")):
@@ -316,6 +323,8 @@ def test_the_page_uploads_shows_progress_survives_a_restart_and_downloads(tmp_pa
             assert target.is_file(), (f"no download: page error {driver.find_element(By.ID, 'd-error').text!r}, "
                                       f"console {driver.get_log('browser')}\n{server.output()}")
             served = root / job_id / "run" / "export" / "encoder.onnx"
+            assert "simclr, mobilenet_v3_small" in driver.find_element(By.CSS_SELECTOR, f"#jobs tr[data-id='{job_id}']").text
+            assert yaml.safe_load((root / job_id / "run" / "config.yaml").read_text())["backbone"] == "mobilenet_v3_small"
             assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(served.read_bytes()).digest()
 
             # another job watched: its bar starts from zero, not from the last one's end
