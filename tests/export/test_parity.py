@@ -255,6 +255,24 @@ def test_knn_top1_matches_a_naive_loop(k):
     assert parity.knn_top1(feats, labels, k) == pytest.approx(_naive_knn_top1(feats, labels, k))
 
 
+def test_knn_top1_votes_every_other_image_when_k_reaches_past_them():
+    """k = 10 among 7 images: every image's 6 others vote, never itself (these features tell the three apart: 0.0,
+    against 1/7 with 5 voters and 3/7 with the image's own vote counted)."""
+    rng = np.random.default_rng(14)
+    labels = rng.integers(0, 3, 7)
+    feats = rng.standard_normal((7, 4)) + labels[:, None]
+    assert parity.knn_top1(feats, labels, 10) == _naive_knn_top1(feats, labels, 6) == 0.0
+    assert _naive_knn_top1(feats, labels, 5) == pytest.approx(1 / 7)
+
+
+def test_use_metrics_of_the_fewest_images_they_read():
+    """Two labelled images: each one's only neighbour votes (k 1), and every field is there by name; fewer: none."""
+    ref = np.array([[1.0, 0.0], [0.9, 0.1]])
+    assert parity.use_metrics(ref, ref, np.array([0, 0]), 10) == {"knn_k": 1, "knn_top1_ref": 1.0, "knn_top1": 1.0,
+                                                                  "knn_drop": 0.0}
+    assert parity.use_metrics(ref[:1], ref[:1], np.array([0]), 10) == {}
+
+
 def test_use_metrics_see_knn_lose_its_answers():
     rng = np.random.default_rng(0)
     labels = np.repeat(np.arange(4), 20)
@@ -327,6 +345,8 @@ def test_no_reference_probe_without_two_classes_or_an_image_to_hold_out():
     assert parity.reference_probe(x, np.zeros(6), x, np.zeros(6), 0.2, 0) is None
     assert parity.reference_probe(x[:3], np.arange(3), x, np.arange(6) % 3, 0.2, 0) is None  # one image a class
     assert parity.reference_probe(x, np.arange(6) % 2, x, np.arange(6) % 2, 0.2, 0)["c"] is not None
+    # two images of one class are enough to hold one out
+    assert parity.reference_probe(x[:3], np.array([0, 0, 1]), x[:3], np.array([0, 0, 1]), 0.2, 0) is not None
 
 
 def test_compressed_gates_name_each_failed_metric():
@@ -340,5 +360,9 @@ def test_compressed_gates_name_each_failed_metric():
     bad = {**ok, "topk_agreement": 0.5, "worst_cosine": 0.7, "knn_drop": 0.1, "probe_drop": 0.2}
     assert parity.gate_failures(bad, "compressed", **gates) == [
         "top10_agreement 0.500 < 0.8", "worst_cosine 0.7000 < 0.9", "knn_drop 0.100 > 0.03", "probe_drop 0.200 > 0.03"]
-    with pytest.raises(ValueError, match="compressed_"):
+    at_bounds = {**ok, "topk_agreement": 0.8, "worst_cosine": 0.9, "knn_drop": 0.03, "probe_drop": 0.03}
+    assert parity.gate_failures(at_bounds, "compressed", **gates) == []  # each bound itself passes
+    assert parity.gate_failures({**ok, "topk_agreement": None}, "compressed", **gates) == [
+        "top-k agreement needs at least 2 images"]
+    with pytest.raises(ValueError, match="^compressed artifacts need all four compressed_\\* gates$"):
         parity.gate_failures(ok, "compressed", fp32_max_abs=1, fp32_min_cosine=1, fp16_max_rel_l2=1, fp16_min_topk=1)
