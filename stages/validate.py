@@ -321,9 +321,9 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     say(f"wrote {run_dir / rundir.VALIDATE / PARITY}")
     failed = [r for r in rows if not r["passed"]]
     if failed:
-        why = any(parity.UNRESOLVED in f for r in failed for f in r["failures"])
-        raise PipelineError("parity gate failed: " + "; ".join(f"{r['artifact']} ({r['runtime']}): {', '.join(r['failures'])}"
-                                                                for r in failed) + (f" - {parity.UNRESOLVED_WHY}" if why else ""))
+        named = "; ".join(f"{r['artifact']} ({r['runtime']}): {', '.join(r['failures'])}" for r in failed)
+        unresolved = any(parity.UNRESOLVED in f for r in failed for f in r["failures"])
+        raise PipelineError(f"parity gate failed: {named}" + (f" - {parity.UNRESOLVED_WHY}" if unresolved else ""))
     return result
 
 
