@@ -265,11 +265,12 @@ def test_the_page_uploads_shows_progress_survives_a_restart_and_downloads(tmp_pa
             assert driver.execute_script("return localStorage.length") == 0
             driver.find_element(By.ID, "file").send_keys(str(photos))
             Select(driver.find_element(By.ID, "method")).select_by_value("simclr")
-            backbones = [o.get_attribute("value") for o in Select(driver.find_element(By.ID, "backbone")).options]
-            assert backbones == list(BACKBONES)  # the registry's, in its order
-            assert Select(driver.find_element(By.ID, "backbone")).first_selected_option.text == "resnet18"  # the default
-            assert "mobilenet_v3_large" in driver.find_element(By.ID, "backbone").get_attribute("title")  # for an app
-            Select(driver.find_element(By.ID, "backbone")).select_by_value("mobilenet_v3_small")
+            select = driver.find_element(By.ID, "backbone")
+            backbone = Select(select)
+            assert [o.get_attribute("value") for o in backbone.options] == list(BACKBONES)  # the registry's, in order
+            assert backbone.first_selected_option.text == "resnet18"  # the default
+            assert "mobilenet_v3_large" in select.get_attribute("title")  # which to ship in an app
+            backbone.select_by_value("mobilenet_v3_small")
             # ONNX alone: the cheapest export; what the page does with a download does not depend on the format
             Select(driver.find_element(By.ID, "formats")).select_by_value("onnx")
             for name, value in (("epochs", "2"), ("image_size", "16"), ("batch_size", "8")):
