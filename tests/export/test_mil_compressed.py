@@ -5,7 +5,8 @@ Each ML Program case is one convolution whose weight coremltools.optimize.coreml
 blockwise_shift_scale and the unpacked-index LUT and uint1 mask). The evaluator's decompression
 (export/mil_eval.CONSTEXPR_OPS) must equal the op's `materialized_val_inference` bit for bit, and the compressed
 program must compute what the same program with coremltools' decompressed weights computes. NeuralNetwork cases
-hold export/nn_eval's dequantisation to quantization_utils' `_dequantize_wp`.
+hold export/nn_eval's dequantisation to quantization_utils' `_dequantize_wp`, for a convolution (the convnets) and
+an inner product on tokens (a ViT), and the quantized inner product to F.linear on those weights.
 """
 
 from __future__ import annotations
@@ -142,25 +143,25 @@ def test_a_mask_that_disagrees_with_its_values_is_one_line_error():
 
 @pytest.fixture(scope="module")
 def nn_models(tmp_path_factory):
+    """{(layer, compression): .mlmodel}: a convolution (the convnets' quantized layers) and an inner product on
+    tokens (a ViT's: its 48 linear layers are all the NeuralNetwork quantizes there), each through the same
+    quantization_utils call and layer selector the export makes."""
     from coremltools.models.neural_network import quantization_utils
 
     from export.coreml import _LargeWeightsOnly, _kmeans_lut
 
     root = tmp_path_factory.mktemp("nn_compressed")
-    base = ct.convert(_conv_prog(), convert_to="neuralnetwork",
-                      skip_model_load=True)
     out = {}
-    for name in compression.neuralnetwork_names():
-        c = compression.COMPRESSIONS[name]
-        if not c.neuralnetwork:
-            continue
-        mode, nbits = c.neuralnetwork
-        lut = {"lut_function": _kmeans_lut} if mode == "kmeans_lut" else {}
-        model = quantization_utils.quantize_weights(base, nbits, "custom_lut" if lut else mode,
-                                                    selector=_LargeWeightsOnly(quantization_utils.QuantizedLayerSelector()), **lut)
-        path = root / f"{name}.mlmodel"
-        model.save(str(path))
-        out[name] = path
+    for layer, prog in NN_LAYERS.items():
+        base = ct.convert(prog(), convert_to="neuralnetwork", skip_model_load=True)
+        for name in NN_COMPRESSED:
+            mode, nbits = compression.COMPRESSIONS[name].neuralnetwork
+            lut = {"lut_function": _kmeans_lut} if mode == "kmeans_lut" else {}
+            model = quantization_utils.quantize_weights(base, nbits, "custom_lut" if lut else mode,
+                                                        selector=_LargeWeightsOnly(quantization_utils.QuantizedLayerSelector()), **lut)
+            path = root / f"{layer}-{name}.mlmodel"
+            model.save(str(path))
+            out[(layer, name)] = path
     return out
 
 
@@ -172,23 +173,59 @@ def _conv_prog():
     return prog
 
 
-@pytest.mark.parametrize("name", [n for n in compression.neuralnetwork_names() if n != compression.NONE])
-def test_nn_dequantisation_equals_coremltools(nn_models, name):
+TOKENS = (1, 5, 72)  # a batch of 5 tokens of width 72: the weight is 64 x 72 = 4608, above the threshold
+
+
+def _linear_prog():
+    @mb.program(input_specs=[mb.TensorSpec(shape=TOKENS)], opset_version=ct.target.iOS14)
+    def prog(x):
+        return mb.linear(x=x, weight=W.reshape(64, 72), bias=np.arange(64, dtype=np.float32) / 64)
+
+    return prog
+
+
+NN_LAYERS = {"convolution": _conv_prog, "innerProduct": _linear_prog}
+NN_COMPRESSED = [n for n in compression.neuralnetwork_names()
+                 if n != compression.NONE and compression.COMPRESSIONS[n].neuralnetwork]
+
+
+@pytest.mark.parametrize("layer", NN_LAYERS)
+@pytest.mark.parametrize("name", NN_COMPRESSED)
+def test_nn_dequantisation_equals_coremltools(nn_models, layer, name):
     from coremltools.models.neural_network.quantization_utils import _dequantize_wp
 
-    model = nn_eval.load_mlmodel(nn_models[name])
-    spec = ct.utils.load_spec(str(nn_models[name]))
-    quantized = 0
-    for layer, ours in zip(spec.neuralNetwork.layers, model.layer_weights):
-        w = nn_eval._layer_weights(layer).get("weights")
+    model = nn_eval.load_mlmodel(nn_models[(layer, name)])
+    spec = ct.utils.load_spec(str(nn_models[(layer, name)]))
+    quantized = []
+    for proto, ours in zip(spec.neuralNetwork.layers, model.layer_weights):
+        w = nn_eval._layer_weights(proto).get("weights")
         if w is None or not len(w.rawValue):
             continue
-        quantized += 1
-        count = nn_eval.quantized_count(layer, "weights")
-        _dequantize_wp(w, (layer.convolution.outputChannels, count // layer.convolution.outputChannels))
+        quantized.append(proto.WhichOneof("layer"))
+        count = nn_eval.quantized_count(proto, "weights")
+        rows = getattr(proto, layer).outputChannels
+        _dequantize_wp(w, (rows, count // rows))
         np.testing.assert_array_equal(ours["weights"].numpy(), np.asarray(w.floatValue, dtype=np.float32))
-    assert quantized == 1
+    assert quantized == [layer]
     assert model.precision == "fp16"
+
+
+@pytest.mark.parametrize("name", NN_COMPRESSED)
+def test_nn_quantized_inner_product_computes_its_dequantized_weights(nn_models, name):
+    """The layer as the evaluator runs it, against F.linear on coremltools' own dequantization of its weights:
+    the (C_out, C_in) order of the unpacked fields is what makes tokens come out right."""
+    from coremltools.models.neural_network.quantization_utils import _dequantize_wp
+
+    path = nn_models[("innerProduct", name)]
+    spec = ct.utils.load_spec(str(path))
+    layer = next(p for p in spec.neuralNetwork.layers if p.WhichOneof("layer") == "innerProduct").innerProduct
+    _dequantize_wp(layer.weights, (64, 72))
+    weight = torch.tensor(np.asarray(layer.weights.floatValue, dtype=np.float32)).reshape(64, 72)
+    bias = torch.tensor(np.asarray(layer.bias.floatValue, dtype=np.float32))
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal(TOKENS).astype(np.float32))
+    out = nn_eval.run_network(nn_eval.load_mlmodel(path), {"x": x}, compute="fp32")
+    expected = torch.nn.functional.linear(x, weight, bias)
+    torch.testing.assert_close(next(iter(out.values())).reshape(expected.shape), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_nn_msb_first_fields():
