@@ -334,11 +334,12 @@ def _fmt(v, spec: str) -> str:
 def format_table(result: dict) -> str:
     """artifact | runtime | precision | worst cos | mean cos | worst rel L2 | max abs | top-k agree | PASS/FAIL"""
     k = max((r.get("top_k") or 0 for r in result["rows"]), default=0)
-    head = (f"{'artifact':28s} {'runtime':28s} {'prec':4s} {'worst cos':>10s} {'mean cos':>10s} {'worst relL2':>11s} "
+    name = max([len("artifact"), *(len(r["artifact"]) for r in result["rows"])])  # encoder.palettize-6.mlpackage is 29
+    head = (f"{'artifact':{name}s} {'runtime':28s} {'prec':4s} {'worst cos':>10s} {'mean cos':>10s} {'worst relL2':>11s} "
             f"{'max abs':>9s} {f'top-{k} agree':>12s} {'kNN drop':>8s} {'probe drop':>10s}  result")
     lines = [head]
     for r in result["rows"]:
-        lines.append(f"{r['artifact']:28s} {r['runtime']:28s} {r['precision'][:4]:4s} {_fmt(r.get('worst_cosine'), '10.7f')} "
+        lines.append(f"{r['artifact']:{name}s} {r['runtime']:28s} {r['precision'][:4]:4s} {_fmt(r.get('worst_cosine'), '10.7f')} "
                      f"{_fmt(r.get('mean_cosine'), '10.7f')} {_fmt(r.get('worst_rel_l2'), '11.2e')} "
                      f"{_fmt(r.get('max_abs'), '9.2e')} {_fmt(r.get('topk_agreement'), '12.3f')} "
                      f"{_fmt(r.get('knn_drop'), '8.3f')} {_fmt(r.get('probe_drop'), '10.3f')}  "

@@ -110,6 +110,16 @@ def test_cli_prints_the_table_and_passes(exported_run, tmp_path):
     assert _parity(view)["images"]["count"] == 12
 
 
+def test_the_table_keeps_its_columns_for_the_longest_file_name():
+    row = dict(runtime="mil-eval", precision="comp", worst_cosine=0.99, mean_cosine=0.999, worst_rel_l2=0.05,
+               max_abs=0.01, topk_agreement=0.97, top_k=10, knn_drop=0.0, probe_drop=0.0, passed=True, failures=[])
+    result = dict(rows=[{**row, "artifact": "encoder.mlpackage"}, {**row, "artifact": "encoder.palettize-6.mlpackage"}],
+                  images=dict(count=24), image_size=32, reference="PyTorch fp32", coreml_runtime="not used")
+    head, *rows, _ = validate.format_table(result).splitlines()
+    assert head.index("runtime") == rows[0].index("mil-eval") == rows[1].index("mil-eval")
+    assert head.index("result") == rows[0].index("PASS") == rows[1].index("PASS")
+
+
 def test_fp32_core_ml_passes_the_strict_gates(exported_run, tmp_path):
     """An fp32 ML Program is held to max abs 1e-4 and cosine 0.99999: the evaluator must be that exact."""
     from stages import export as convert
