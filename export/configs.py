@@ -51,6 +51,11 @@ class ExportConfig:
 
 
 
+# The ValidateConfig fields that are bounds of parity.gate_failures, by its keyword names.
+GATES = ("fp32_max_abs", "fp32_min_cosine", "fp16_max_rel_l2", "fp16_min_topk", "compressed_min_topk",
+         "compressed_max_knn_drop", "compressed_max_probe_drop", "compressed_min_cosine")
+
+
 @dataclass
 class ValidateConfig:
     images: str = opt("", "extra folder of images to check with, besides the run's val split (any PIL-readable files)")
@@ -77,3 +82,7 @@ class ValidateConfig:
                                              "image gone wrong, which the averages hide")
     coreml_runtime: str = opt("auto", "auto: also run the real Core ML runtime where it exists (macOS); off: never",
                               choices=("auto", "off"))
+
+    def gates(self) -> dict[str, float]:
+        """The bounds, as parity.gate_failures takes them."""
+        return {k: getattr(self, k) for k in GATES}

@@ -34,14 +34,6 @@ from core import provenance
 from export.configs import ValidateConfig
 
 
-GATES = ("fp32_max_abs", "fp32_min_cosine", "fp16_max_rel_l2", "fp16_min_topk", "compressed_min_topk",
-         "compressed_max_knn_drop", "compressed_max_probe_drop", "compressed_min_cosine")
-
-
-def gates(cfg: ValidateConfig) -> dict[str, float]:
-    return {k: getattr(cfg, k) for k in GATES}
-
-
 def check(cfg: ValidateConfig) -> None:
     if cfg.max_images < 1:
         raise PipelineError(f"--max-images must be >= 1, got {cfg.max_images}")
@@ -302,7 +294,7 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
                 if probed:
                     metrics.update(parity.probe_metrics(probe, out[len(images):], train_labels,
                                                         out[:n_val], labels))
-            failures = parity.gate_failures(metrics, precision, **gates(cfg))
+            failures = parity.gate_failures(metrics, precision, **cfg.gates())
             rows.append(_row(entry, runtime, precision, metrics, failures, sources))
 
     result = {

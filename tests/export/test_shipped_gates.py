@@ -15,7 +15,7 @@ from stages import validate
 
 
 def shipped_gates() -> dict[str, float]:
-    return validate.gates(load_config(validate.ValidateConfig))
+    return load_config(validate.ValidateConfig).gates()
 
 
 def _failures(ref, out, precision):
@@ -102,7 +102,7 @@ def test_the_cli_runs_with_the_shipped_gates(tmp_path, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(cli_module, "missing_input", lambda name, run_dir: None)  # an empty run: only the gates matter
-    monkeypatch.setattr(validate, "run", lambda cfg, run_dir, say: seen.update(validate.gates(cfg)))
+    monkeypatch.setattr(validate, "run", lambda cfg, run_dir, say: seen.update(cfg.gates()))
     res = cli("validate", "--run", tmp_path)
     assert res.exit_code == 0, res.output
     assert seen == shipped_gates()
