@@ -11,7 +11,8 @@ swift_demo/Tests/EmbeddingKitTests/Fixtures/ (or --out), each file atomically:
   crops.u8          each query after the pipeline's decode_image (EXIF transpose, alpha on white, fit BICUBIC), S*S*3
   embeddings.f32    bank rows, then query rows: encoder.pt on the crops, float32 little-endian, N x D
   parity_fp16.f32   the query rows rounded through float16 (an fp16 artifact's typical error)
-  parity_noisy.f32  the query rows with 3% relative noise (what a broken artifact looks like)
+  parity_noisy.f32  the query rows with 3% relative noise (a broken fp16 artifact; a compressed one's typical error)
+  parity_flipped.f32  the query rows with the first one negated (one image gone wrong, which every gate must catch)
   encoder.json      the run's sidecar, as is
   model_metadata.json  the Core ML model's user_defined_metadata (string -> string), as the app reads it
 
@@ -33,6 +34,7 @@ import torch
 from PIL import Image
 
 from export import parity
+from export.configs import ValidateConfig
 from export.encoder import load_encoder
 from core import __version__, rundir
 from core.config import opt
@@ -41,10 +43,10 @@ from train.data import decode_image, load_data
 from train.knn import MAJORITY_K, TEMPERATURE, WEIGHTED_K, knn_scores
 
 FIXTURES_DIR = Path(__file__).resolve().parents[1] / "swift_demo" / "Tests" / "EmbeddingKitTests" / "Fixtures"
-FORMAT_VERSION = 1  # EmbeddingKit's FixtureSet refuses another version
+FORMAT_VERSION = 2  # EmbeddingKit's FixtureSet refuses another version; 2 adds the compressed verdicts
 TOP_N = 5  # neighbours listed per query for the search test
 PARITY_TOP_K = 10  # validate's default --top-k
-GATES = {"fp32_max_abs": 1e-4, "fp32_min_cosine": 0.99999, "fp16_max_rel_l2": 1e-2, "fp16_min_topk": 0.95}  # validate's defaults
+GATES = ValidateConfig().gates()  # validate's defaults; the kNN and probe drops need labels the golden crops lack
 ORIENTATION_TAG = 0x0112  # EXIF Orientation
 
 # One row per query image: (width, height, EXIF orientation, layout, alpha pattern). Odd sizes so the crop box is
@@ -164,8 +166,7 @@ def parity_expectations(ref: np.ndarray, variants: dict[str, np.ndarray]) -> dic
         out[name] = {
             **{k: m[k] for k in ("worst_cosine", "mean_cosine", "worst_rel_l2", "mean_rel_l2", "max_abs", "top_k",
                                  "topk_agreement")},
-            "fails_fp32": bool(parity.gate_failures(m, "fp32", **GATES)),
-            "fails_fp16": bool(parity.gate_failures(m, "fp16", **GATES)),
+            **{f"fails_{p}": bool(parity.gate_failures(m, p, **GATES)) for p in parity.PRECISIONS},
         }
     return {"gates": GATES, "top_k": PARITY_TOP_K, "variants": out}
 
@@ -173,7 +174,10 @@ def parity_expectations(ref: np.ndarray, variants: dict[str, np.ndarray]) -> dic
 def parity_variants(ref: np.ndarray) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     noisy = ref + 0.03 * np.abs(ref).mean() * rng.standard_normal(ref.shape)
-    return {"fp16": ref.astype(np.float16).astype(np.float32), "noisy": noisy.astype(np.float32)}
+    flipped = ref.copy()
+    flipped[0] = -flipped[0]
+    return {"fp16": ref.astype(np.float16).astype(np.float32), "noisy": noisy.astype(np.float32),
+            "flipped": flipped.astype(np.float32)}
 
 
 # ---------------------------------------------------------------- the run
@@ -286,8 +290,7 @@ def run(cfg: SwiftFixturesConfig, run_dir: Path, say=print) -> Path:
     files = {
         "raw.u8": bytes(raw_blob), "crops.u8": np.stack(crops).tobytes(),
         "embeddings.f32": np.concatenate([bank, queries]).tobytes(),
-        "parity_fp16.f32": variants["fp16"].astype("<f4").tobytes(),
-        "parity_noisy.f32": variants["noisy"].astype("<f4").tobytes(),
+        **{f"parity_{name}.f32": v.astype("<f4").tobytes() for name, v in variants.items()},
         "encoder.json": (json.dumps(sidecar, indent=2) + "\n").encode(),
         "model_metadata.json": (json.dumps(model_meta, indent=2, sort_keys=True) + "\n").encode(),
         "manifest.json": (json.dumps(manifest, indent=1) + "\n").encode(),

@@ -51,6 +51,15 @@ def test_committed_fixtures_are_small_and_cover_every_case(folder):
     assert any(q["alpha"] for q in m["queries"])
 
 
+@pytest.mark.parametrize("folder", COMMITTED, ids=lambda p: p.name)
+def test_the_parity_variants_span_the_gates_verdicts(folder):
+    """What the app's self-test must tell apart: fp16 rounding passes fp16's gates; 3 % noise fails them and passes
+    a compressed model's (its weights move every embedding that much); one image turned around fails every gate."""
+    variants = json.loads((folder / "manifest.json").read_text())["parity"]["variants"]
+    verdicts = {name: tuple(v[f"fails_{p}"] for p in ("fp16", "compressed")) for name, v in variants.items()}
+    assert verdicts == {"fp16": (False, False), "noisy": (True, False), "flipped": (True, True)}
+
+
 def test_a_changed_crop_or_prediction_is_reported(tmp_path):
     for p in sf.FIXTURES_DIR.iterdir():
         (tmp_path / p.name).write_bytes(p.read_bytes())

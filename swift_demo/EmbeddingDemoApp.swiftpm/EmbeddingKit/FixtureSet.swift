@@ -54,9 +54,30 @@ public struct FixtureSet: Sendable {
         public let topkAgreement: Double?
         public let failsFp32: Bool
         public let failsFp16: Bool
+        public let failsCompressed: Bool
+
+        /// The pipeline's verdict under one precision's gates.
+        public func fails(_ precision: Precision) -> Bool {
+            switch precision {
+            case .fp32: return failsFp32
+            case .fp16: return failsFp16
+            case .compressed: return failsCompressed
+            }
+        }
+    }
+
+    /// validate's default bounds (export/configs.py's ValidateConfig) that an embedding alone can be held to.
+    public struct Gates: Decodable, Sendable {
+        public let fp32MaxAbs: Double
+        public let fp32MinCosine: Double
+        public let fp16MaxRelL2: Double
+        public let fp16MinTopk: Double
+        public let compressedMinTopk: Double
+        public let compressedMinCosine: Double
     }
 
     public struct ParityExpected: Decodable, Sendable {
+        public let gates: Gates
         public let topK: Int
         public let variants: [String: ParityCase]
     }
@@ -73,7 +94,7 @@ public struct FixtureSet: Sendable {
         public let parity: ParityExpected
     }
 
-    public static let formatVersion = 1
+    public static let formatVersion = 2
 
     public let folder: URL
     public let manifest: Manifest

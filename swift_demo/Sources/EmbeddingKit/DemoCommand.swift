@@ -130,7 +130,7 @@ public enum DemoCommand {
                                                      ("worst_rel_l2", got.worstRelL2, want.worstRelL2), ("mean_rel_l2", got.meanRelL2, want.meanRelL2),
                                                      ("max_abs", got.maxAbs, want.maxAbs), ("topk_agreement", got.topKAgreement ?? -1, want.topkAgreement ?? -1)]
             for (metric, g, w) in pairs where !close(g, w, rtol: 1e-6, atol: 1e-9) { diffs.append("parity \(name): \(metric) \(g), the pipeline's \(w)") }
-            if Parity.failures(got, precision: .fp32).isEmpty == want.failsFp32 || Parity.failures(got, precision: .fp16).isEmpty == want.failsFp16 {
+            if Precision.allCases.contains(where: { Parity.failures(got, precision: $0).isEmpty == want.fails($0) }) {
                 diffs.append("parity \(name): gate verdicts differ from the pipeline's")
             }
         }

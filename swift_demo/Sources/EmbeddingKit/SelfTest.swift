@@ -9,7 +9,8 @@ public protocol ImageEmbedder: Sendable {
     var imageSize: Int { get }
     /// sha256 of the encoder.pt the model was exported from (its metadata's `encoder_sha256`).
     var encoderSHA256: String { get }
-    /// The precision whose gates apply: fp16 for an fp16 model or any run on the GPU / Neural Engine.
+    /// The precision whose gates apply (`Precision.of`): compressed for `--compress` weights, fp16 for an fp16 model
+    /// or any run on the GPU / Neural Engine.
     var precision: Precision { get }
     func embed(_ image: RGBImage) async throws -> [Float]
     /// Several inputs in one call (Core ML's batch prediction); one by one unless the encoder does better.

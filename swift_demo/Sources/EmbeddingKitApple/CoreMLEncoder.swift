@@ -56,8 +56,7 @@ public struct CoreMLLoader: ModelLoader {
             guard let size = metadata.int("image_size"), let sha = metadata["encoder_sha256"] else {
                 throw EngineError.notAnEncoder("its metadata has no image_size / encoder_sha256")
             }
-            // An fp16 model anywhere, or any model off the CPU (the GPU and Neural Engine compute in fp16): fp16 gates.
-            let precision: Precision = metadata["precision"] == "fp32" && c == .cpuOnly ? .fp32 : .fp16
+            let precision = Precision.of(metadata, cpuOnly: c == .cpuOnly)
             let embedder = CoreMLEmbedder(model: model, imageSize: size, encoderSHA256: sha, precision: precision,
                                           inputName: metadata["input_name"] ?? "image", outputName: metadata["output_name"] ?? "embedding")
             return LoadedModel(url: url, metadata: metadata, inputNames: d.inputDescriptionsByName.keys.sorted(),

@@ -30,10 +30,13 @@ final class BatchLog: @unchecked Sendable {
 
 /// A fake compiled model: a folder holding model.json.
 struct FakeSpec: Codable {
-    enum Kind: String, Codable { case golden, negated, nan, wrongDimension, unloadable, noMetadata }
+    /// noisy, flipped: the fixtures' parity variants of the golden embeddings (3 % noise; the first one negated).
+    enum Kind: String, Codable { case golden, negated, nan, wrongDimension, unloadable, noMetadata, noisy, flipped }
     var kind: Kind
     var sha: String
     var delayMs = 0
+    /// The model's `compression` metadata (`pipeline export --compress`); nil: none written.
+    var compression: String? = nil
 }
 
 struct FakeEncoder: ImageEmbedder {
@@ -78,9 +81,12 @@ struct FakeLoader: ModelLoader {
         var meta = ["image_size": "\(m.imageSize)", "embedding_dim": "\(m.embeddingDim)", "encoder_sha256": spec.sha,
                     "method": "simclr", "backbone": "resnet18", "precision": "fp32"]
         if spec.kind == .noMetadata { meta["encoder_sha256"] = nil }
+        if let c = spec.compression { meta["compression"] = c }
         let crops = m.queries.indices.map { set.expectedCrop($0).pixels }
-        let encoder = FakeEncoder(imageSize: m.imageSize, encoderSHA256: spec.sha, precision: .fp32, spec: spec,
-                                  answers: Dictionary(zip(crops, set.queryEmbeddings), uniquingKeysWith: { a, _ in a }),
+        let rows = [FakeSpec.Kind.noisy, .flipped].contains(spec.kind) ? try set.parityVariant(spec.kind.rawValue) : set.queryEmbeddings
+        let encoder = FakeEncoder(imageSize: m.imageSize, encoderSHA256: spec.sha,
+                                  precision: Precision.of(ModelMetadata(meta), cpuOnly: choice == .cpuOnly), spec: spec,
+                                  answers: Dictionary(zip(crops, rows), uniquingKeysWith: { a, _ in a }),
                                   dimension: m.embeddingDim, log: log)
         return LoadedModel(url: url, metadata: ModelMetadata(meta), inputNames: ["image"], outputNames: ["embedding"],
                            embedder: encoder, computeChoice: choice)
@@ -150,6 +156,31 @@ final class EngineTests: XCTestCase {
             XCTAssertEqual(current, good, "\(spec.kind)")
             XCTAssertFalse(FileManager.default.fileExists(atPath: bad.path), "\(spec.kind): the staged folder is removed")
         }
+    }
+
+    func testACompressedModelIsJudgedOnUseAndAnUncompressedOneOnItsRounding() async throws {
+        let engine = try engine()
+        // --compress int8 moves every golden embedding by a few percent: the compressed gates install it
+        let int8 = try stage(engine, FakeSpec(kind: .noisy, sha: goldenSHA, compression: "int8"))
+        _ = try await engine.install(staged: int8)
+        XCTAssertEqual(try installed(engine), int8)
+        // the same embeddings from an uncompressed model are a broken export; one image turned around fails any model
+        let cases = [(FakeSpec(kind: .noisy, sha: goldenSHA), "golden crops: worst_rel_l2 "),
+                     (FakeSpec(kind: .noisy, sha: goldenSHA, compression: "fp16"), "golden crops: worst_rel_l2 "),
+                     (FakeSpec(kind: .flipped, sha: goldenSHA, compression: "palettize-6"), "golden crops: worst_cosine -")]
+        for (spec, phrase) in cases {
+            let bad = try stage(engine, spec)
+            do {
+                _ = try await engine.install(staged: bad)
+                XCTFail("\(spec) was installed")
+            } catch let e as EngineError {
+                guard case .failedCheck(let why) = e else { return XCTFail("\(spec): \(e)") }
+                XCTAssertTrue(why[0].hasPrefix(phrase), "\(spec): \(why)")
+            }
+            XCTAssertEqual(try installed(engine), int8, "\(spec)")
+        }
+        let lines = await engine.selfTest()
+        XCTAssertEqual(lines.filter { $0.contains(", compressed gates): PASS") }.count, 3, "\(lines)")
     }
 
     func testTwoPickerBatchesAtOnceLoseNoRecordAndDoNotInterleave() async throws {

@@ -138,13 +138,39 @@ final class FixtureTests: XCTestCase {
                 XCTAssertEqual(got.worstRelL2, want.worstRelL2, accuracy: 1e-6 * want.worstRelL2 + 1e-12, name)
                 XCTAssertEqual(got.maxAbs, want.maxAbs, accuracy: 1e-9, name)
                 XCTAssertEqual(got.topKAgreement ?? -1, want.topkAgreement ?? -1, accuracy: 1e-12, name)
-                XCTAssertEqual(!Parity.failures(got, precision: .fp32).isEmpty, want.failsFp32, name)
-                XCTAssertEqual(!Parity.failures(got, precision: .fp16).isEmpty, want.failsFp16, name)
+                for p in Precision.allCases {
+                    XCTAssertEqual(!Parity.failures(got, precision: p).isEmpty, want.fails(p), "\(name), \(p) gates")
+                }
             }
-            // The fp16 rounding passes the fp16 gates and fails fp32's; 3% noise fails both, as validate decides.
-            XCTAssertEqual(set.manifest.parity.variants["fp16"]?.failsFp16, false)
-            XCTAssertEqual(set.manifest.parity.variants["noisy"]?.failsFp16, true)
+            // fp16 rounding passes the fp16 and compressed gates; 3% noise fails fp16's and passes a compressed
+            // model's (its weights move every embedding that much); one image turned around fails every gate.
+            let v = set.manifest.parity.variants
+            XCTAssertEqual(Precision.allCases.map { v["fp16"]?.fails($0) }, [false, false, false])
+            XCTAssertEqual(Precision.allCases.map { v["noisy"]?.fails($0) }, [true, true, false])
+            XCTAssertEqual(Precision.allCases.map { v["flipped"]?.fails($0) }, [true, true, true])
         }
+    }
+
+    func testTheAppsGatesAreValidatesDefaults() {
+        let g = ParityGates()
+        for set in Self.sets {
+            let want = set.manifest.parity.gates
+            XCTAssertEqual([g.fp32MaxAbs, g.fp32MinCosine, g.fp16MaxRelL2, g.fp16MinTopK, g.compressedMinTopK, g.compressedMinCosine],
+                           [want.fp32MaxAbs, want.fp32MinCosine, want.fp16MaxRelL2, want.fp16MinTopk, want.compressedMinTopk, want.compressedMinCosine],
+                           "export/configs.py's ValidateConfig changed a bound: change ParityGates to match")
+            XCTAssertEqual(g.topK, set.manifest.parity.topK)
+        }
+    }
+
+    func testACompressedModelIsHeldToTheCompressedGatesWhereverItRuns() {
+        let fp32 = ModelMetadata(["precision": "fp32"]), fp16 = ModelMetadata(["precision": "fp16", "compression": "fp16"])
+        let int8 = ModelMetadata(["precision": "fp16", "compression": "int8"])
+        XCTAssertEqual(Precision.of(fp32, cpuOnly: true), .fp32)
+        XCTAssertEqual(Precision.of(fp32, cpuOnly: false), .fp16)  // the GPU and Neural Engine compute in fp16
+        XCTAssertEqual(Precision.of(fp16, cpuOnly: true), .fp16)
+        XCTAssertEqual(Precision.of(ModelMetadata([:]), cpuOnly: true), .fp16)  // neither said: fp16's gates
+        XCTAssertEqual(Precision.of(int8, cpuOnly: true), .compressed)
+        XCTAssertEqual(Precision.of(ModelMetadata(["precision": "fp16", "compression": "palettize-6"]), cpuOnly: false), .compressed)
     }
 
     func testGoldenEmbeddingsPassTheirOwnGates() throws {
