@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Size against retrieval agreement for every --compress choice, on trained MobileNetV3-Small and ResNet-18 encoders:
+# Size against retrieval agreement for every --compress choice, on trained MobileNetV3-Small/Large, ViT-Ti/16 and
+# ResNet-18 encoders:
 #   bash benchmarks/compression.sh OUT [NAME [RUN]]
 # OUT holds the runs (OUT/NAME, trained on the CPU if OUT/NAME/checkpoints/last.pt is missing); NAME measures one run
 # of the list below only; RUN measures a copy of an existing run directory as NAME (e.g. `make all`'s runs/default
@@ -11,8 +12,13 @@
 #   photosset-mobilenet_v3_small   benchmarks/recipe_datasets.py's `photos` set (ten photographs, 32 px; needs the
 #                                  `bench` extra's scikit-image), --image-size 32 --small-stem on, 2 epochs
 #   photosset-resnet18             the same set, ResNet-18, 32 px, small stem, 1 epoch of 64
+#   photosset-mobilenet_v3_large   the same set, MobileNetV3-Large (the backbone README advises an app to ship), 2 epochs
+#   photosset-vit_t_16             the same set, ViT-Ti/16 (patch 4 at 32 px; its AdamW recipe), 4 epochs: its
+#                                  recipe's rate (1.5e-4 x batch/256) moves the features less per step
 #   digits-resnet18                configs/digits-cpu.yaml (ResNet-18 on the embedded digits at 8 px)
 #   digits-mobilenet_v3_small      the same with --backbone mobilenet_v3_small --image-size 16 --epochs 5
+#   digits-mobilenet_v3_large      the same with --backbone mobilenet_v3_large
+#   digits-vit_t_16                the same with --backbone vit_t_16 (patch 4: 16 tokens)
 # Each run: `pipeline export` of every format and compression, `pipeline validate` on its val split with its gates
 # (each compressed artifact's own probe fitted on up to 1024 of its train images), then
 # benchmarks/compression_measure.py --only onnx-int8 on the same images: ONNX with onnxruntime's 8-bit dynamic
@@ -50,7 +56,12 @@ want photos-resnet18 && run photos-resnet18 configs/default.yaml $RESNET --epoch
 want photosset-mobilenet_v3_small && run photosset-mobilenet_v3_small configs/default.yaml --data "$(photos_set)" \
   --image-size 32 --small-stem on --epochs 2
 want photosset-resnet18 && run photosset-resnet18 configs/default.yaml --data "$(photos_set)" $RESNET --epochs 1 --batch-size 64
+want photosset-mobilenet_v3_large && run photosset-mobilenet_v3_large configs/default.yaml --data "$(photos_set)" \
+  --backbone mobilenet_v3_large --image-size 32 --small-stem on --epochs 2
+want photosset-vit_t_16 && run photosset-vit_t_16 configs/default.yaml --data "$(photos_set)" --backbone vit_t_16 \
+  --image-size 32 --small-stem on --epochs 4
 want digits-resnet18 && run digits-resnet18 configs/digits-cpu.yaml
-want digits-mobilenet_v3_small && run digits-mobilenet_v3_small configs/digits-cpu.yaml --backbone mobilenet_v3_small \
-  --image-size 16 --epochs 5
+for b in mobilenet_v3_small mobilenet_v3_large vit_t_16; do
+  want digits-$b && run digits-$b configs/digits-cpu.yaml --backbone $b --image-size 16 --epochs 5
+done
 true
