@@ -106,7 +106,7 @@ browser:
 # Mutation testing of the critical modules (docs/tests.md), not part of `make test`: mutmut mutates one function at a
 # time and runs the tests that reach it. Narrow it with e.g. `make mutation MUTANTS='train.knn.*'`.
 # augment / device_augment: the parameter draws and the view ops only (docs/tests.md says why).
-MUTANTS ?= train.knn.x_[kwt]* train.knn.x_majority* export.parity.* stages.validate.x_gate* stages.validate.x_check__* stages.linear_eval.x_probes* \
+MUTANTS ?= train.knn.x_[kwt]* train.knn.x_majority* export.parity.* stages.validate.x_gate* export.configs.xǁValidateConfigǁgates* stages.validate.x_check__* stages.linear_eval.x_probes* \
            train.methods.* train.heads.* export.encoder.* train.runspec.x_validate* train.runspec.x_config_for_run* \
            train.runspec.x_resolve* core.config.* train.augment.x_sample_* train.augment.x_draw_views* \
            train.device_augment.x_rows_of* train.augment.x_apply_view* \

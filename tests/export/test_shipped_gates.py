@@ -122,8 +122,24 @@ def test_which_gates_an_artifact_gets(fmt, declared, actual, runtime, expected):
     assert validate.gate_precision(fmt, declared, actual, runtime) == expected
 
 
+@pytest.mark.parametrize("entry,actual,runtime,expected", [
+    ({"format": "mlpackage", "precision": "fp16", "compression": "int8"}, "fp32", "mil-eval", "compressed"),
+    ({"format": "mlmodel", "precision": "fp16", "compression": "palettize-4"}, None, "coreml CPU_ONLY", "compressed"),
+    ({"format": "mlpackage", "precision": "fp16", "compression": "fp16"}, "fp32", "mil-eval", "fp32"),  # uncompressed
+    ({"format": "mlpackage", "precision": "fp16"}, "fp16", "mil-eval", "fp16"),  # a sidecar from before compression
+    ({"format": "onnx"}, None, "onnxruntime (CPU)", "fp32"),  # no precision said: fp32's
+    ({"format": "mlmodel", "precision": "fp32", "compression": "fp16"}, "fp32", "coreml ALL", "fp16"),  # GPU / ANE
+])
+def test_compressed_weights_are_gated_on_use_whatever_their_precision(entry, actual, runtime, expected):
+    assert validate.gate_kind(entry, actual, runtime) == expected
+
+
+COMPRESSED_BOUNDS = ("compressed_min_topk", "compressed_max_knn_drop", "compressed_max_probe_drop", "compressed_min_cosine")
+
+
 @pytest.mark.parametrize("over,needle", [
     ({"max_images": 0}, "--max-images must be >= 1"),
+    ({"max_train_images": 0}, "--max-train-images must be >= 1, got 0"),
     ({"top_k": 0}, "--top-k must be >= 1"),
     ({"fp32_max_abs": -1e-9}, "--fp32-max-abs and --fp16-max-rel-l2 must be >= 0"),
     ({"fp16_max_rel_l2": -1e-9}, "--fp32-max-abs and --fp16-max-rel-l2 must be >= 0"),
@@ -131,6 +147,8 @@ def test_which_gates_an_artifact_gets(fmt, declared, actual, runtime, expected):
     ({"fp32_min_cosine": -0.1}, "--fp32-min-cosine and --fp16-min-topk must be in [0, 1]"),
     ({"fp16_min_topk": 1.5}, "--fp32-min-cosine and --fp16-min-topk must be in [0, 1]"),
     ({"fp16_min_topk": -0.5}, "--fp32-min-cosine and --fp16-min-topk must be in [0, 1]"),
+    *[({name: bad}, f"--{name.replace('_', '-')} must be in [0, 1], got {bad}") for bad in (-0.01, 1.01)
+      for name in COMPRESSED_BOUNDS],
 ])
 def test_impossible_gates_are_refused(over, needle):
     from core.errors import PipelineError
@@ -140,9 +158,11 @@ def test_impossible_gates_are_refused(over, needle):
     assert str(err.value).startswith(needle)
 
 
-@pytest.mark.parametrize("over", [{}, {"max_images": 1, "top_k": 1}, {"fp32_max_abs": 0.0, "fp16_max_rel_l2": 0.0},
+@pytest.mark.parametrize("over", [{}, {"max_images": 1, "max_train_images": 1, "top_k": 1},
+                                  {"fp32_max_abs": 0.0, "fp16_max_rel_l2": 0.0},
                                   {"fp32_min_cosine": 0.0, "fp16_min_topk": 0.0},
-                                  {"fp32_min_cosine": 1.0, "fp16_min_topk": 1.0}])
+                                  {"fp32_min_cosine": 1.0, "fp16_min_topk": 1.0},
+                                  dict.fromkeys(COMPRESSED_BOUNDS, 0.0), dict.fromkeys(COMPRESSED_BOUNDS, 1.0)])
 def test_gates_on_their_bounds_are_accepted(over):
     validate.check(load_config(validate.ValidateConfig, None, over))
 
