@@ -34,6 +34,12 @@ from core import provenance
 from export.configs import ValidateConfig
 
 
+# What a user does about a compressed file that fails (docs/export.md measures which compressions keep which
+# backbone's answers): the common cause is a compression too strong for the backbone, not a broken export.
+COMPRESSED_WHY = ("a compressed file that fails moves this encoder's embeddings too far for an app: export a milder "
+                  "--compress (palettize-6, or int8, which keeps the most) or ship the fp16 file")
+
+
 def check(cfg: ValidateConfig) -> None:
     if cfg.max_images < 1:
         raise PipelineError(f"--max-images must be >= 1, got {cfg.max_images}")
@@ -315,7 +321,9 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     if failed:
         named = "; ".join(f"{r['artifact']} ({r['runtime']}): {', '.join(r['failures'])}" for r in failed)
         unresolved = any(parity.UNRESOLVED in f for r in failed for f in r["failures"])
-        raise PipelineError(f"parity gate failed: {named}" + (f" - {parity.UNRESOLVED_WHY}" if unresolved else ""))
+        compressed = any(r["precision"] == "compressed" for r in failed)
+        raise PipelineError(f"parity gate failed: {named}" + (f" - {parity.UNRESOLVED_WHY}" if unresolved else "")
+                            + (f" - {COMPRESSED_WHY}" if compressed else ""))
     return result
 
 

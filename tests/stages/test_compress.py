@@ -209,3 +209,4 @@ def test_a_tampered_compressed_model_fails(compressed_run, tmp_path, file):
     with pytest.raises(PipelineError, match=f"parity gate failed: {file}") as e:
         validate.run(load_config(ValidateConfig, None, {"coreml_runtime": "off"}), view, say=_quiet)
     assert "worst_cosine" in str(e.value) or "agreement" in str(e.value)
+    assert str(e.value).endswith(validate.COMPRESSED_WHY)  # what to do about it, once

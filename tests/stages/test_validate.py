@@ -260,6 +260,7 @@ def test_tampered_artifact_fails_naming_artifact_and_metric(exported_run, tmp_pa
     metric = ("worst_rel_l2", "top") if fmt != "onnx" else ("max_abs", "worst_cosine")
     assert msg.startswith("parity gate failed: ") and FILES[fmt] in msg and any(m in msg for m in metric), msg
     assert parity.UNRESOLVED not in msg  # the reference's order survives fp16: the artifact is to blame
+    assert validate.COMPRESSED_WHY not in msg  # no compressed file failed
     report = _parity(view)
     assert not report["passed"] and not report["rows"][0]["passed"] and report["rows"][0]["failures"]
 
