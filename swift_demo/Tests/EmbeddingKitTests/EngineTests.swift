@@ -127,6 +127,17 @@ final class EngineTests: XCTestCase {
 
     func installed(_ engine: DemoEngine) throws -> URL? { try ModelDirectory(folder: engine.stagingFolder).installed() }
 
+    /// Stages `spec` and asks the engine to install it: the staged folder, and the error it was refused with.
+    func refusal(_ engine: DemoEngine, _ spec: FakeSpec) async throws -> (URL, EngineError?) {
+        let staged = try stage(engine, spec)
+        do {
+            _ = try await engine.install(staged: staged)
+            return (staged, nil)
+        } catch let e as EngineError {
+            return (staged, e)
+        }
+    }
+
     func queryIndex(of vector: [Float], negated: Bool = false) -> Int? {
         set.queryEmbeddings.firstIndex { $0 == (negated ? vector.map { -$0 } : vector) }
     }
@@ -144,13 +155,8 @@ final class EngineTests: XCTestCase {
             (FakeSpec(kind: .noMetadata, sha: otherSHA), { if case .notAnEncoder = $0 { return true }; return false }),
         ]
         for (spec, expected) in cases {
-            let bad = try stage(engine, spec)
-            do {
-                _ = try await engine.install(staged: bad)
-                XCTFail("\(spec.kind) was installed")
-            } catch let e as EngineError {
-                XCTAssertTrue(expected(e), "\(spec.kind): \(e)")
-            }
+            let (bad, error) = try await refusal(engine, spec)
+            XCTAssertTrue(error.map(expected) ?? false, "\(spec.kind): \(String(describing: error))")
             XCTAssertEqual(try installed(engine), good, "\(spec.kind)")
             let current = await engine.model?.url
             XCTAssertEqual(current, good, "\(spec.kind)")
@@ -169,14 +175,9 @@ final class EngineTests: XCTestCase {
                      (FakeSpec(kind: .noisy, sha: goldenSHA, compression: "fp16"), "golden crops: worst_rel_l2 "),
                      (FakeSpec(kind: .flipped, sha: goldenSHA, compression: "palettize-6"), "golden crops: worst_cosine -")]
         for (spec, phrase) in cases {
-            let bad = try stage(engine, spec)
-            do {
-                _ = try await engine.install(staged: bad)
-                XCTFail("\(spec) was installed")
-            } catch let e as EngineError {
-                guard case .failedCheck(let why) = e else { return XCTFail("\(spec): \(e)") }
-                XCTAssertTrue(why[0].hasPrefix(phrase), "\(spec): \(why)")
-            }
+            let (_, error) = try await refusal(engine, spec)
+            guard case .failedCheck(let why)? = error else { return XCTFail("\(spec): \(String(describing: error))") }
+            XCTAssertTrue(why[0].hasPrefix(phrase), "\(spec): \(why)")
             XCTAssertEqual(try installed(engine), int8, "\(spec)")
         }
         let lines = await engine.selfTest()
