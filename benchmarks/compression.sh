@@ -15,6 +15,7 @@
 #   photosset-mobilenet_v3_large   the same set, MobileNetV3-Large (the backbone README advises an app to ship), 2 epochs
 #   photosset-vit_t_16             the same set, ViT-Ti/16 (patch 4 at 32 px; its AdamW recipe), 4 epochs: its
 #                                  recipe's rate (1.5e-4 x batch/256) moves the features less per step
+#   photosset-vit_s_16             the same with ViT-S/16 (43 MB as fp16: where compression matters most)
 #   digits-resnet18                configs/digits-cpu.yaml (ResNet-18 on the embedded digits at 8 px)
 #   digits-mobilenet_v3_small      the same with --backbone mobilenet_v3_small --image-size 16 --epochs 5
 #   digits-mobilenet_v3_large      the same with --backbone mobilenet_v3_large
@@ -58,8 +59,10 @@ want photosset-mobilenet_v3_small && run photosset-mobilenet_v3_small configs/de
 want photosset-resnet18 && run photosset-resnet18 configs/default.yaml --data "$(photos_set)" $RESNET --epochs 1 --batch-size 64
 want photosset-mobilenet_v3_large && run photosset-mobilenet_v3_large configs/default.yaml --data "$(photos_set)" \
   --backbone mobilenet_v3_large --image-size 32 --small-stem on --epochs 2
-want photosset-vit_t_16 && run photosset-vit_t_16 configs/default.yaml --data "$(photos_set)" --backbone vit_t_16 \
-  --image-size 32 --small-stem on --epochs 4
+for b in vit_t_16 vit_s_16; do
+  want photosset-$b && run photosset-$b configs/default.yaml --data "$(photos_set)" --backbone $b \
+    --image-size 32 --small-stem on --epochs 4
+done
 want digits-resnet18 && run digits-resnet18 configs/digits-cpu.yaml
 for b in mobilenet_v3_small mobilenet_v3_large vit_t_16; do
   want digits-$b && run digits-$b configs/digits-cpu.yaml --backbone $b --image-size 16 --epochs 5
