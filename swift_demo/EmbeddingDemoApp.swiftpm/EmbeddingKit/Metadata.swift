@@ -47,6 +47,11 @@ public struct ModelMetadata: Sendable {
 
     public init(_ values: [String: String]) { self.values = values }
 
+    /// The `compression` of a model without compressed weights (export/compression.py's NONE); older models say none.
+    public static let uncompressed = "fp16"
+    /// The weight compression of `pipeline export --compress`.
+    public var compression: String { values["compression"] ?? Self.uncompressed }
+
     public subscript(key: String) -> String? { values[key] }
     public func int(_ key: String) -> Int? { values[key].flatMap { Int($0) } }
     public func double(_ key: String) -> Double? { values[key].flatMap { Double($0) } }
@@ -58,7 +63,7 @@ public struct ModelMetadata: Sendable {
         return [("method", values["method"] ?? "?"), ("backbone", values["backbone"] ?? "?"),
                 ("embedding", "\(values["embedding_dim"] ?? "?")-d\(bool("l2_normalized") == true ? ", L2-normalised" : "")"),
                 ("input", "\(values["image_size"] ?? "?") px, \(values["vision_crop_and_scale"] ?? "?")"),
-                ("precision", values["precision"] ?? "?"), ("weights", values["compression"] ?? "fp16"),
+                ("precision", values["precision"] ?? "?"), ("weights", compression),
                 ("linear top-1", pct(double("linear_top1"))),
                 ("kNN top-1", pct(double("knn_top1"))), ("run", values["run_id"] ?? "?")]
     }
@@ -88,9 +93,9 @@ public enum MetadataCheck {
             out.append("output: the model's outputs are \(outputNames), encoder.json names \(sidecar.outputName)")
         }
         // Several compressions of one format sit side by side: the model's own compression picks its entry.
-        let compression = model["compression"] ?? "fp16"
+        let compression = model.compression
         if let format = model["format"], let sha = model["encoder_sha256"],
-           let entry = sidecar.artifacts.first(where: { $0.format == format && ($0.compression ?? "fp16") == compression }),
+           let entry = sidecar.artifacts.first(where: { $0.format == format && ($0.compression ?? ModelMetadata.uncompressed) == compression }),
            let made = entry.encoderSha256, made != sha {
             out.append("artifact: encoder.json lists the \(format) (\(compression)) as made from encoder \(made.prefix(12)), the model says \(sha.prefix(12))")
         }

@@ -29,7 +29,7 @@ public enum Precision: String, Codable, Sendable, CaseIterable {
     /// The gates a loaded model is held to: a compressed model's wherever it runs; fp32 only for an fp32 model on
     /// the CPU alone (the GPU and Neural Engine compute in fp16); fp16 otherwise.
     public static func of(_ metadata: ModelMetadata, cpuOnly: Bool) -> Precision {
-        if let c = metadata["compression"], c != "fp16" { return .compressed }
+        if metadata.compression != ModelMetadata.uncompressed { return .compressed }
         return metadata["precision"] == "fp32" && cpuOnly ? .fp32 : .fp16
     }
 }
