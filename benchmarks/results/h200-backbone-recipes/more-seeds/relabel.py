@@ -41,8 +41,8 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
     "vit_b_16": ([], ["../r50-vb/vb-digits-s0-results.jsonl", "../r50-vb/vb-call3-results.jsonl",
                       "../r50-vb-resumed/callB-results.jsonl", "../vb-more/ga-results.jsonl",
                       "../vb-more/gb-results.jsonl", "../vb-more/gc-results.jsonl", "../vb-more/gd-results.jsonl",
-                      # ../vb-photos/README.md: two calls on an H100, the second's file holding every line
-                      "../vb-photos/call1-results.jsonl", "../vb-photos/call2-results.jsonl"]),
+                      # ../vb-photos/README.md: two calls on an H100 in one OUT_DIR, the second's file holding every line
+                      "../vb-photos/call2-results.jsonl"]),
 }
 for backbone, (earlier, later) in SOURCES.items():
     seen, rows = set(), []
