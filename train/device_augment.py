@@ -15,7 +15,8 @@ How each op becomes a few whole-batch kernels (no per-image launch, no device-to
 - colour jitter in each image's own random order, split at hue: 3 blend slots, one hue pass, 3 blend slots.
   Brightness, contrast and saturation are all y = clamp(a*x + b*grey(x) + c) with per-image a, b, c (c from the
   image's mean grey, for contrast), so one pass per slot serves every image, whichever of the three it gets
-  (a=1, b=c=0 leaves the others exactly as they were). Hue, an HSV round trip, runs once for the whole batch.
+  (a=1, b=c=0 leaves the others exactly as they were). Hue, an HSV round trip, runs once for the whole batch. On
+  CUDA the whole jitter and grayscale are two Triton kernels (train/colour_kernel.py says why).
 - grayscale and solarize are masks; blur is two batched matmuls with per-image banded Gaussian matrices (reflect
   padding folded in) on the resize's memory layout, so they read the views without a copy; an image that draws no
   blur gets the identity, which leaves it exactly as it was.
@@ -356,7 +357,20 @@ def finish(x: torch.Tensor, solarize: torch.Tensor, channels_last: bool) -> torc
     return _standardise(x, solarize, *_standardisation(x.device), channels_last)
 
 
-_colour = _on_cuda_compiled(colour)
+_colour_compiled = _on_cuda_compiled(colour)
+
+
+def _colour(x: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+    """colour(): on CUDA as the two Triton kernels of train/colour_kernel.py (two passes over the batch where the
+    compiled colour() makes a dozen); if they cannot run (no Triton), compiled, with one warning; elsewhere eager."""
+    if x.device.type == "cuda" and not _compiled.get("no colour kernels"):
+        try:
+            from train import colour_kernel
+            return colour_kernel.colour(x, *args)
+        except Exception as e:  # an import or a Triton compile error: the compiled colour() is a correct fallback
+            warnings.warn(f"colour jitter runs compiled: its Triton kernels failed ({type(e).__name__}: {str(e)[:200]})")
+            _compiled["no colour kernels"] = True
+    return _colour_compiled(x, *args)
 _standardise = _on_cuda_compiled(standardise)
 _as_rows = _on_cuda_compiled(as_rows)
 
