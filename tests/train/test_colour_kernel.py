@@ -74,6 +74,18 @@ def test_a_wrong_contrast_mean_shows(kernel_outputs):
     assert (got - device_augment.colour(x, a, sat, con / 2, *rest)).abs().amax() > 0.05
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels need a CUDA GPU")
+def test_compiled_kernels_compute_colour_on_cuda():
+    """The same comparison with the kernels Triton compiles for the GPU, and through the views' dispatch."""
+    for key, x, args in _inputs():
+        want = device_augment.colour(x.float(), *args)
+        dev = [t.cuda() for t in args]
+        from train import colour_kernel
+        for got in (colour_kernel.colour(x.cuda(), *dev), device_augment._colour(x.cuda(), *dev)):
+            torch.testing.assert_close(got.float().cpu(), want, atol=2e-6 if x.dtype == torch.float32 else 5e-4,
+                                       rtol=0, msg=lambda m: f"{key}: {m}")
+
+
 if __name__ == "__main__":  # the interpreted side of kernel_outputs
     from train import colour_kernel
     torch.save({key: colour_kernel.colour(x, *args) for key, x, args in _inputs()}, sys.argv[1])
