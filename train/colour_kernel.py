@@ -26,7 +26,9 @@ import triton.language as tl
 
 BLOCK = 1024  # pixels a program: 50 blocks an image at 224 px, one at 32 px
 # Columns of the per-image parameter rows the kernels read (`_rows`): a, sat, con 6 slots each, then hue_on, hue, gray.
-A, SAT, CON, HUE_ON, HUE, GRAY, WIDTH = 0, 6, 12, 18, 19, 20, 21
+# tl.constexpr, since a jitted function may read no other module-level value: Triton's compiler refuses one (its CPU
+# interpreter does not), which tests/train/test_colour_kernel.py checks by compiling for a Hopper GPU on the CPU.
+A, SAT, CON, HUE_ON, HUE, GRAY, WIDTH = (tl.constexpr(c) for c in (0, 6, 12, 18, 19, 20, 21))
 
 
 @triton.jit

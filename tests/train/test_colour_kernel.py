@@ -14,7 +14,7 @@ import torch
 
 from train import augment, device_augment
 
-pytest.importorskip("triton")  # PyTorch's Linux wheels bring it; where it is missing the views use colour() compiled
+triton = pytest.importorskip("triton")  # PyTorch's Linux wheels bring it; where it is missing the views use colour() compiled
 ROOT = Path(__file__).resolve().parents[2]
 CASES = {"one block": (48, 20, 20), "two blocks": (48, 40, 40)}  # images, side, seed: 400 and 1,600 pixels
 
@@ -72,6 +72,25 @@ def test_a_wrong_contrast_mean_shows(kernel_outputs):
     torch.testing.assert_close(got, device_augment.colour(x, *args), atol=2e-6, rtol=0)
     a, sat, con, *rest = args
     assert (got - device_augment.colour(x, a, sat, con / 2, *rest)).abs().amax() > 0.05
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_kernels_compile_for_a_hopper_gpu(dtype):
+    """Triton's compiler, down to the cubin, for an H100/H200 (sm_90), here on the CPU: it refuses what the
+    interpreter above lets through (a module-level value read inside a kernel, say), which would leave the views on
+    the compiled fallback on every GPU, found only there."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from train import colour_kernel
+    images = {"x_ptr": f"*{dtype}", "out_ptr": f"*{dtype}"}  # the views' images in, the same type out
+    for kernel, constexprs in ((colour_kernel._contrast_sums, {"BLOCK": colour_kernel.BLOCK}),
+                               (colour_kernel._jittered, {"BLOCK": colour_kernel.BLOCK, "BLOCKS": 64})):
+        signature = {name: "constexpr" if name in constexprs else images.get(name, "*fp32" if name.endswith("_ptr")
+                                                                             else "i32")
+                     for name in kernel.arg_names}
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["cubin"], kernel.__name__
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels need a CUDA GPU")
