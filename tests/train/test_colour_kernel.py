@@ -83,12 +83,17 @@ def test_kernels_compile_for_a_hopper_gpu(dtype):
     from triton.compiler import ASTSource
 
     from train import colour_kernel
-    images = {"x_ptr": f"*{dtype}", "out_ptr": f"*{dtype}"}  # the views' images in, the same type out
+
+    def kind(name: str, constexprs: dict) -> str:
+        if name in constexprs:
+            return "constexpr"
+        if name in ("x_ptr", "out_ptr"):  # the views' images in, the same type out
+            return f"*{dtype}"
+        return "*fp32" if name.endswith("_ptr") else "i32"  # the parameter rows and sums; sizes and strides
+
     for kernel, constexprs in ((colour_kernel._contrast_sums, {"BLOCK": colour_kernel.BLOCK}),
                                (colour_kernel._jittered, {"BLOCK": colour_kernel.BLOCK, "BLOCKS": 64})):
-        signature = {name: "constexpr" if name in constexprs else images.get(name, "*fp32" if name.endswith("_ptr")
-                                                                             else "i32")
-                     for name in kernel.arg_names}
+        signature = {name: kind(name, constexprs) for name in kernel.arg_names}
         compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
         assert compiled.asm["cubin"], kernel.__name__
 
