@@ -15,7 +15,8 @@ pixel's chain runs in registers:
 
 The arithmetic is `device_augment.colour`'s, op for op, in fp32 registers (the compiled version also computes in
 fp32 and rounds where it stores). tests/train/test_colour_kernel.py runs both kernels in Triton's interpreter on
-the CPU against `colour`.
+the CPU against `colour`. On an H200 they cut the views' GPU time at 224 px from 2.46 to 1.28 ms a step
+(docs/benchmarks.md, "The colour jitter as two Triton kernels").
 """
 
 from __future__ import annotations
