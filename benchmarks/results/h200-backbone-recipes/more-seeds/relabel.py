@@ -42,7 +42,9 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
                       "../r50-vb-resumed/callB-results.jsonl", "../vb-more/ga-results.jsonl",
                       "../vb-more/gb-results.jsonl", "../vb-more/gc-results.jsonl", "../vb-more/gd-results.jsonl",
                       # ../vb-photos/README.md: two calls on an H100 in one OUT_DIR, the second's file holding every line
-                      "../vb-photos/call2-results.jsonl"]),
+                      "../vb-photos/call2-results.jsonl",
+                      # ../vb-photos-byol/README.md: one call on an H100, its new lines only
+                      "../vb-photos-byol/results.jsonl"]),
 }
 for backbone, (earlier, later) in SOURCES.items():
     seen, rows = set(), []
