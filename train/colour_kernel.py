@@ -48,6 +48,15 @@ def _hue_channel(maxc, delta, k):
 
 
 @triton.jit
+def _pixels(px, sc, valid):
+    """The three channels of the pixels at px (channel stride sc), as fp32."""
+    r = tl.load(px, mask=valid, other=0.0).to(tl.float32)
+    g = tl.load(px + sc, mask=valid, other=0.0).to(tl.float32)
+    b = tl.load(px + 2 * sc, mask=valid, other=0.0).to(tl.float32)
+    return r, g, b
+
+
+@triton.jit
 def _chain(r, g, b, row, mean):
     """Clamp, the 6 slots around hue; returns the channels and the grey entering each pixel's contrast slot."""
     r = tl.minimum(tl.maximum(r, 0.0), 1.0)
@@ -85,10 +94,7 @@ def _contrast_sums(x_ptr, rows_ptr, sums_ptr, hw, w, sn, sc, sh, blocks, BLOCK: 
     n, blk = tl.program_id(0), tl.program_id(1)
     i = blk * BLOCK + tl.arange(0, BLOCK)
     valid = i < hw
-    px = x_ptr + n * sn + (i // w) * sh + i % w
-    r = tl.load(px, mask=valid, other=0.0).to(tl.float32)
-    g = tl.load(px + sc, mask=valid, other=0.0).to(tl.float32)
-    b = tl.load(px + 2 * sc, mask=valid, other=0.0).to(tl.float32)
+    r, g, b = _pixels(x_ptr + n * sn + (i // w) * sh + i % w, sc, valid)
     _, _, _, entering = _chain(r, g, b, rows_ptr + n * WIDTH, 0.0)
     tl.store(sums_ptr + n * blocks + blk, tl.sum(tl.where(valid, entering, 0.0), axis=0))
 
@@ -102,10 +108,7 @@ def _jittered(x_ptr, rows_ptr, sums_ptr, out_ptr, hw, w, sn, sc, sh, on_, oc, oh
     i = blk * BLOCK + tl.arange(0, BLOCK)
     valid = i < hw
     y, x = i // w, i % w
-    px = x_ptr + n * sn + y * sh + x
-    r = tl.load(px, mask=valid, other=0.0).to(tl.float32)
-    g = tl.load(px + sc, mask=valid, other=0.0).to(tl.float32)
-    b = tl.load(px + 2 * sc, mask=valid, other=0.0).to(tl.float32)
+    r, g, b = _pixels(x_ptr + n * sn + y * sh + x, sc, valid)
     row = rows_ptr + n * WIDTH
     r, g, b, _ = _chain(r, g, b, row, mean)
     grey = _grey(r, g, b)

@@ -101,10 +101,11 @@ def test_kernels_compile_for_a_hopper_gpu(dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels need a CUDA GPU")
 def test_compiled_kernels_compute_colour_on_cuda():
     """The same comparison with the kernels Triton compiles for the GPU, and through the views' dispatch."""
+    from train import colour_kernel
+
     for key, x, args in _inputs():
         want = device_augment.colour(x.float(), *args)
         dev = [t.cuda() for t in args]
-        from train import colour_kernel
         for got in (colour_kernel.colour(x.cuda(), *dev), device_augment._colour(x.cuda(), *dev)):
             torch.testing.assert_close(got.float().cpu(), want, atol=2e-6 if x.dtype == torch.float32 else 5e-4,
                                        rtol=0, msg=lambda m: f"{key}: {m}")
