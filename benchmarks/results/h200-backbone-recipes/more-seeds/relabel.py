@@ -44,7 +44,9 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
                       # ../vb-photos/README.md: two calls on an H100 in one OUT_DIR, the second's file holding every line
                       "../vb-photos/call2-results.jsonl",
                       # ../vb-photos-byol/README.md: one call on an H100, its new lines only
-                      "../vb-photos-byol/results.jsonl"]),
+                      "../vb-photos-byol/results.jsonl",
+                      # ../vb-photos-mocov3/README.md and ../vb-textures/README.md: one call each on an H100, new lines
+                      "../vb-photos-mocov3/results.jsonl", "../vb-textures/results.jsonl"]),
 }
 for backbone, (earlier, later) in SOURCES.items():
     seen, rows = set(), []
