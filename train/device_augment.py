@@ -290,9 +290,12 @@ class ViewGraph:
         self.args = (at, out_size, dtype, blur)
         from_table(self.batch, self.table, *self.args)  # warm-up outside the capture: compiles colour(), sets up cuBLAS
         self.graph = torch.cuda.CUDAGraph()
-        # thread_local: the training thread may allocate while this thread captures (its own calls are the ones
-        # that must not touch the allocator's or the driver's state during capture)
-        with torch.cuda.graph(self.graph, stream=torch.cuda.current_stream(device), capture_error_mode="thread_local"):
+        # A stream of its own, whichever stream the caller is on: torch refuses a capture on the default stream (a
+        # probe's or a test's), and torch's shared capture stream may be capturing the training step's graphs on
+        # the training thread at the same time. thread_local: the training thread may allocate while this thread
+        # captures (its own calls are the ones that must not touch the allocator's or the driver's state then).
+        # A replay runs on the caller's current stream, whichever stream captured it.
+        with torch.cuda.graph(self.graph, stream=torch.cuda.Stream(device), capture_error_mode="thread_local"):
             self.out = from_table(self.batch, self.table, *self.args)
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:

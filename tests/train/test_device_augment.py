@@ -277,18 +277,23 @@ def test_views_come_out_in_the_resize_layout_and_the_blur_reads_them_without_a_c
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-def test_graphed_views_are_the_eager_views_on_cuda():
-    """On a side stream, as training makes them: a CUDA graph cannot be captured on the default stream."""
+@pytest.mark.parametrize("on_side_stream", [False, True], ids=["default-stream", "side-stream"])
+def test_graphed_views_are_the_eager_views_on_cuda(on_side_stream):
+    """Captured and replayed from the default stream (a probe's) or a side stream (training's): the graph captures
+    on a stream of its own, since torch refuses a capture on the default stream, and replays on the caller's."""
+    device_augment._graphs.clear()  # captured here, from this stream, not taken from an earlier test's cache
     dev = torch.device("cuda")
     images = torch.randint(0, 256, (40, 3, 72, 72), dtype=torch.uint8, device=dev)
     idx = torch.arange(16, device=dev).repeat(2)
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))  # the images were made on the default stream
+    stream = torch.cuda.current_stream(dev)
+    if on_side_stream:
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))  # the images were made on the default stream
     for method in ("simclr", "byol"):
         recipes = augment.recipes_for(method, 96)
         for batch in range(3):  # a replay per batch: each must see its own draws
             p = device_augment.rows_of(device_augment.draw_params(16, recipes, 72, 0, 0, batch), [0, 1], slice(0, 16))
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(stream):
                 eager = device_augment.jittered_and_blurred(images.index_select(0, idx), p, 96, torch.float16)
                 graphed = device_augment.graphed_views(lambda buf: torch.index_select(images, 0, idx, out=buf), p,
                                                        96, torch.float16, True, (32, 3, 72, 72), dev)
