@@ -46,7 +46,9 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
                       # ../vb-photos-byol/README.md: one call on an H100, its new lines only
                       "../vb-photos-byol/results.jsonl",
                       # ../vb-photos-mocov3/README.md and ../vb-textures/README.md: one call each on an H100, new lines
-                      "../vb-photos-mocov3/results.jsonl", "../vb-textures/results.jsonl"]),
+                      "../vb-photos-mocov3/results.jsonl", "../vb-textures/results.jsonl",
+                      # ../vb-digits-sizes-s2/README.md: one call on an H100, seeded with every line before it; new lines
+                      "../vb-digits-sizes-s2/results.jsonl"]),
 }
 for backbone, (earlier, later) in SOURCES.items():
     seen, rows = set(), []
