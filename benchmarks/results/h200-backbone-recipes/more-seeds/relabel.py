@@ -12,7 +12,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the READMEs list them
     "mobilenet_v3_small": (["../mobilenet_v3_small-results.jsonl", "../mnv3s-seeds12/results.jsonl"], ["mnv3s-results.jsonl"]),
-    "vit_t_16": (["../vit_t_16-results.jsonl"], ["vitt0-results.jsonl", "vitt12-results.jsonl", "vitt-s12-results.jsonl"]),
+    "vit_t_16": (["../vit_t_16-results.jsonl"], ["vitt0-results.jsonl", "vitt12-results.jsonl", "vitt-s12-results.jsonl",
+                                                 "../vb-textures-s2/vitt-results.jsonl"]),
     "mobilenet_v3_large": (["../mobilenet_v3_large-results.jsonl"], ["mnv3l-results.jsonl", "mnv3l-s2-results.jsonl"]),
     # ../more-backbones/README.md: the cells that ran out of GPU memory were run again in a later call
     "resnet34": ([], ["../more-backbones/r34-s0-results.jsonl", "../more-backbones/r34-knn-rerun-results.jsonl",
@@ -47,9 +48,10 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
                       "../vb-photos-byol/results.jsonl",
                       # ../vb-photos-mocov3/README.md and ../vb-textures/README.md: one call each on an H100, new lines
                       "../vb-photos-mocov3/results.jsonl", "../vb-textures/results.jsonl",
-                      # ../vb-digits-sizes-s2/README.md and ../vb-textures-s1/README.md: one call each on an H100,
+                      # ../vb-digits-sizes-s2/, ../vb-textures-s1/ and ../vb-textures-s2/README.md: one call each on an H100,
                       # seeded with every line before it; new lines only
-                      "../vb-digits-sizes-s2/results.jsonl", "../vb-textures-s1/results.jsonl"]),
+                      "../vb-digits-sizes-s2/results.jsonl", "../vb-textures-s1/results.jsonl",
+                      "../vb-textures-s2/results.jsonl"]),
 }
 for backbone, (earlier, later) in SOURCES.items():
     seen, rows = set(), []
