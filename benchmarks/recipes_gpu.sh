@@ -18,9 +18,11 @@
 #
 # Everything is written under OUT_DIR: data/ (benchmarks/recipe_datasets.py's sets, unless DATA names a built
 # copy), runs/[<backbone>/]<dataset>/<method>-s<seed>[-<variant>]/ (full run directories), logs/, results.jsonl (one
-# line per kNN), wall.txt, summary.txt. Sized for about 12 minutes on one H200 with the defaults: 4 sets (~4,400 train
-# images each, 8 steps an epoch; digits 2), 3 methods, 3 seeds, JOBS trainings at once on each GPU (a 32 px
-# ResNet-18 step is too small to fill an H200 alone, and the runs' start-up, strip and kNN overlap others' steps).
+# line per kNN), new.jsonl (the lines this command added: what one call ran, apart from the lines an earlier call or a
+# copied-in file left in results.jsonl), wall.txt, summary.txt. Sized for about 12 minutes on one H200 with the
+# defaults: 4 sets (~4,400 train images each, 8 steps an epoch; digits 2), 3 methods, 3 seeds, JOBS trainings at
+# once on each GPU (a 32 px ResNet-18 step is too small to fill an H200 alone, and the runs' start-up, strip and kNN
+# overlap others' steps).
 # Each training holds its whole working set on the GPU (at 32 px, batch 512: 6-9 GiB for ResNet-18/34 and the mobile
 # nets, up to ~16 GiB for ConvNeXt-T and ViT-S/16, 17-21 GiB for ResNet-50, 26-29 GiB for ViT-B/16): 16 of the first
 # kind fit an H200's 140 GiB and 24 ran it out of memory; 8 of the second fit and 15 did not; 5 ResNet-50 and 1
@@ -72,6 +74,7 @@ mkdir -p "$OUT/logs" "$OUT/runs"
 RESULTS=$OUT/results.jsonl
 touch "$RESULTS"
 [[ -z $(tail -c 1 "$RESULTS") ]] || echo >> "$RESULTS"  # a line a kill cut short stays alone on its line
+FIRST_NEW=$(( $(wc -l < "$RESULTS") + 1 ))  # new.jsonl: this command's lines start here
 START=$(date +%s)
 STOP=0  # set by a TERM or INT: no further cell starts
 trap 'STOP=1' TERM INT
@@ -207,5 +210,6 @@ until wait; do (( $? > 128 )) || break; done  # a signal cuts `wait` short; the 
 
 WALL=$(( $(date +%s) - START ))
 echo "grid wall time: $WALL s (${JOBS} trainings at once on $WHERE)" | tee "$OUT/wall.txt"
+tail -n "+$FIRST_NEW" "$RESULTS" > "$OUT/new.jsonl"
 $PY benchmarks/recipe_summary.py "$OUT" | tee "$OUT/summary.txt"
 if (( STOP )); then echo "stopped by a signal: the same command again goes on from here"; exit 130; fi
