@@ -51,7 +51,9 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
                       # ../vb-digits-sizes-s2/, ../vb-textures-s1/ and ../vb-textures-s2/README.md: one call each on an H100,
                       # seeded with every line before it; new lines only
                       "../vb-digits-sizes-s2/results.jsonl", "../vb-textures-s1/results.jsonl",
-                      "../vb-textures-s2/results.jsonl"]),
+                      "../vb-textures-s2/results.jsonl",
+                      # ../vb-last-s2/README.md: one call on an H100, seeded with every line before it; new lines only
+                      "../vb-last-s2/results.jsonl"]),
 }
 for backbone, (earlier, later) in SOURCES.items():
     seen, rows = set(), []
