@@ -48,12 +48,10 @@ SOURCES = {  # backbone -> (earlier calls' files, later calls' files), as the RE
                       "../vb-photos-byol/results.jsonl",
                       # ../vb-photos-mocov3/README.md and ../vb-textures/README.md: one call each on an H100, new lines
                       "../vb-photos-mocov3/results.jsonl", "../vb-textures/results.jsonl",
-                      # ../vb-digits-sizes-s2/, ../vb-textures-s1/ and ../vb-textures-s2/README.md: one call each on an H100,
-                      # seeded with every line before it; new lines only
+                      # ../vb-digits-sizes-s2/, ../vb-textures-s1/, ../vb-textures-s2/ and ../vb-last-s2/README.md: one
+                      # call each on an H100, seeded with every line before it; new lines only
                       "../vb-digits-sizes-s2/results.jsonl", "../vb-textures-s1/results.jsonl",
-                      "../vb-textures-s2/results.jsonl",
-                      # ../vb-last-s2/README.md: one call on an H100, seeded with every line before it; new lines only
-                      "../vb-last-s2/results.jsonl"]),
+                      "../vb-textures-s2/results.jsonl", "../vb-last-s2/results.jsonl"]),
 }
 for backbone, (earlier, later) in SOURCES.items():
     seen, rows = set(), []
