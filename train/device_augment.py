@@ -20,6 +20,8 @@ How each op becomes a few whole-batch kernels (no per-image launch, no device-to
 - grayscale and solarize are masks; blur is two batched matmuls with per-image banded Gaussian matrices (reflect
   padding folded in) on the resize's memory layout, so they read the views without a copy; an image that draws no
   blur gets the identity, which leaves it exactly as it was.
+- solarize, standardise and the model's memory format in one last pass (`finish`); on CUDA one Triton kernel
+  (train/standardise_kernel.py says why).
 - every image goes through every op and the views of a batch are made by the same kernels on the same shapes
   whatever was drawn: so on CUDA one graph replays them all (ViewGraph), one launch instead of dozens.
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import math
 import queue
 import threading
@@ -360,21 +363,26 @@ def finish(x: torch.Tensor, solarize: torch.Tensor, channels_last: bool) -> torc
     return _standardise(x, solarize, *_standardisation(x.device), channels_last)
 
 
-_colour_compiled = _on_cuda_compiled(colour)
+def _on_cuda_kernel(fn, module: str):
+    """fn on CUDA as the Triton kernel(s) of train/<module>.py (a function of the same name and arguments, which
+    says why it is hand-written); if they cannot run (no Triton, a compile error), compiled, with one warning;
+    elsewhere eager."""
+    compiled, name = _on_cuda_compiled(fn), fn.__name__
+
+    def run(x: torch.Tensor, *args):
+        if x.device.type == "cuda" and not _compiled.get(f"no {module}"):
+            try:
+                return getattr(importlib.import_module(f"train.{module}"), name)(x, *args)
+            except Exception as e:  # an import or a Triton compile error: the compiled fn is a correct fallback
+                warnings.warn(f"{name} runs compiled: its Triton kernels failed ({type(e).__name__}: {str(e)[:200]})")
+                _compiled[f"no {module}"] = True
+        return compiled(x, *args)
+
+    return run
 
 
-def _colour(x: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
-    """colour(): on CUDA as the two Triton kernels of train/colour_kernel.py (two passes over the batch where the
-    compiled colour() makes a dozen); if they cannot run (no Triton), compiled, with one warning; elsewhere eager."""
-    if x.device.type == "cuda" and not _compiled.get("no colour kernels"):
-        try:
-            from train import colour_kernel
-            return colour_kernel.colour(x, *args)
-        except Exception as e:  # an import or a Triton compile error: the compiled colour() is a correct fallback
-            warnings.warn(f"colour jitter runs compiled: its Triton kernels failed ({type(e).__name__}: {str(e)[:200]})")
-            _compiled["no colour kernels"] = True
-    return _colour_compiled(x, *args)
-_standardise = _on_cuda_compiled(standardise)
+_colour = _on_cuda_kernel(colour, "colour_kernel")  # two passes where the compiled colour() makes a dozen
+_standardise = _on_cuda_kernel(standardise, "standardise_kernel")  # the transpose to channels last in whole rows
 _as_rows = _on_cuda_compiled(as_rows)
 
 
