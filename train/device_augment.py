@@ -242,18 +242,21 @@ def work_dtype(device: torch.device) -> torch.dtype:
 
 
 def jittered_and_blurred(images: torch.Tensor, p: dict, out_size: int, dtype: torch.dtype = torch.float32,
-                         blur: bool = True):
+                         blur: bool = True, blur_rows: int | None = None):
     """Row i of `p` (host tensors or arrays) applied to images[i] (uint8 m x 3 x S x S on the device) up to the
     blur: (views m x 3 x out x out in [0, 1] of `dtype`, laid out as `rows_layout`; the solarize column (m, 1)).
-    blur=False skips the blur's products, for views whose recipe never blurs."""
+    blur=False skips the blur's products, for views whose recipe never blurs; blur_rows: only the first this many
+    images go through them (`blurred_first` puts every image that drew the blur there), else all."""
     table, at = _plan(p, out_size)
-    return from_table(images, to_device(torch.from_numpy(table), images.device), at, out_size, dtype, blur)
+    rows = (len(table) if blur_rows is None else blur_rows) if blur else 0
+    return from_table(images, to_device(torch.from_numpy(table), images.device), at, out_size, dtype, rows)
 
 
-def from_table(images: torch.Tensor, t: torch.Tensor, at: dict, out_size: int, dtype: torch.dtype, blur: bool):
-    """`jittered_and_blurred` from `_plan`'s table already on the device: device work only, no host sync. Every
-    image goes through every op (identities where it draws none), so the kernels, their shapes and their number
-    are the same for every batch of m images, and one CUDA graph can replay them (ViewGraph)."""
+def from_table(images: torch.Tensor, t: torch.Tensor, at: dict, out_size: int, dtype: torch.dtype, blur_rows: int):
+    """`jittered_and_blurred` from `_plan`'s table already on the device, the first `blur_rows` images blurred:
+    device work only, no host sync. Every image goes through every op (identities where it draws none), so the
+    kernels, their shapes and their number are the same for every batch of m images with the same blur_rows, and
+    one CUDA graph can replay them (ViewGraph)."""
     m, _, src, _ = images.shape
 
     def col(name: str) -> torch.Tensor:
@@ -268,14 +271,36 @@ def from_table(images: torch.Tensor, t: torch.Tensor, at: dict, out_size: int, d
     x = torch.bmm(wy, rows).view(m, out_size * 3, src)
     x = torch.bmm(x, wx.transpose(1, 2)).view(m, out_size, 3, out_size).permute(0, 2, 1, 3)
     x = _colour(x, col("a"), col("sat"), col("con"), col("hue_on"), col("hue"), col("gray"))
-    if not blur:
+    k = blur_rows
+    if not k:
         return x, col("solarize")
-    # Blur, the same two products on the same layout (every image: the identity kernel leaves the unblurred as
-    # they are, bit for bit); reshape copies only if the compiler chose another layout for colour's output.
-    b = blur_matrices(col("blur"), out_size).to(dtype)
-    x = torch.bmm(b, x.permute(0, 2, 1, 3).reshape(m, out_size, 3 * out_size)).view(m, out_size * 3, out_size)
-    x = torch.bmm(x, b.transpose(1, 2)).view(m, out_size, 3, out_size).permute(0, 2, 1, 3)
-    return x, col("solarize")
+    # Blur, the same two products on the same layout, for the first k images: an image among them that drew no
+    # blur gets the identity kernel, which leaves it as it was, bit for bit, and so do the images after them, which
+    # skip the products. reshape copies only if the compiler chose another layout for colour's output.
+    b = blur_matrices(col("blur")[:k], out_size).to(dtype)
+    rows = x.permute(0, 2, 1, 3).reshape(m, out_size, 3 * out_size)
+    y = torch.bmm(b, rows[:k]).view(k, out_size * 3, out_size)
+    if k == m:
+        x = torch.bmm(y, b.transpose(1, 2))
+    else:  # the second product over the first k images, which the first has read; the rest stay as they are
+        x = rows.view(m, out_size * 3, out_size)
+        torch.bmm(y, b.transpose(1, 2), out=x[:k])
+    return x.view(m, out_size, 3, out_size).permute(0, 2, 1, 3), col("solarize")
+
+
+BLUR_STEP = 64  # blur_rows in steps of this many images: a ViewGraph per step the count of blurred images reaches
+
+
+def blurred_first(idx: torch.Tensor, p: dict) -> tuple[torch.Tensor, dict, int, np.ndarray]:
+    """The rows of a batch of views reordered so that every image that drew the blur comes first: (idx and p in
+    that order, the rows from the first that the blur's products must cover, and `back`: views[back] puts the
+    views made in that order back in idx's order). Only those images go through the blur's two products, where
+    before every image did, the others with the identity kernel (half the views in SimCLR, 55 % in BYOL). The
+    rows covered are rounded up to BLUR_STEP, so a few CUDA graphs (ViewGraph) serve every count drawn."""
+    drew = np.asarray(p["blur"], bool).reshape(-1)
+    first = np.argsort(~drew, kind="stable")
+    rows = min(len(drew), -(-int(drew.sum()) // BLUR_STEP) * BLUR_STEP)
+    return idx[torch.from_numpy(first)], {k: np.asarray(v)[first] for k, v in p.items()}, rows, np.argsort(first)
 
 
 class ViewGraph:
@@ -285,20 +310,22 @@ class ViewGraph:
     and `table` (the graph's inputs), then call; the outputs are overwritten by the next call, so the caller
     reads them on the same stream before it (`finish` does, writing the views into a tensor of their own)."""
 
-    def __init__(self, batch_shape: tuple, width: int, at: dict, out_size: int, dtype: torch.dtype, blur: bool,
-                 device: torch.device):
+    def __init__(self, batch_shape: tuple, width: int, at: dict, out_size: int, dtype: torch.dtype, blur_rows: int,
+                 device: torch.device, pool=None):
         self.batch = torch.zeros(batch_shape, dtype=torch.uint8, device=device)
         self.table = torch.zeros(batch_shape[0], width, device=device)
         self.table[:, at["crop"]] = torch.tensor([0.0, 0.0, batch_shape[-1], batch_shape[-1]], device=device)  # a valid crop
-        self.args = (at, out_size, dtype, blur)
+        self.args = (at, out_size, dtype, blur_rows)
         from_table(self.batch, self.table, *self.args)  # warm-up outside the capture: compiles colour(), sets up cuBLAS
         self.graph = torch.cuda.CUDAGraph()
         # A stream of its own, whichever stream the caller is on: torch refuses a capture on the default stream (a
         # probe's or a test's), and torch's shared capture stream may be capturing the training step's graphs on
         # the training thread at the same time. thread_local: the training thread may allocate while this thread
         # captures (its own calls are the ones that must not touch the allocator's or the driver's state then).
-        # A replay runs on the caller's current stream, whichever stream captured it.
-        with torch.cuda.graph(self.graph, stream=torch.cuda.Stream(device), capture_error_mode="thread_local"):
+        # A replay runs on the caller's current stream, whichever stream captured it. `pool`: the memory of the
+        # other graphs of this shape (graphed_views says why sharing it is safe).
+        with torch.cuda.graph(self.graph, pool=pool, stream=torch.cuda.Stream(device),
+                              capture_error_mode="thread_local"):
             self.out = from_table(self.batch, self.table, *self.args)
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -306,17 +333,24 @@ class ViewGraph:
         return self.out
 
 
-_graphs: dict = {}  # (device, batch shape, out size, dtype, blur) -> ViewGraph: captured once per process and shape
+_graphs: dict = {}  # (device, batch shape, out size, dtype, blur rows) -> ViewGraph: captured once per process
+_pools: dict = {}  # (device, batch shape, out size, dtype) -> the memory pool its ViewGraphs share
 
 
-def graphed_views(batch_of, p: dict, out_size: int, dtype: torch.dtype, blur: bool, shape: tuple,
+def graphed_views(batch_of, p: dict, out_size: int, dtype: torch.dtype, blur_rows: int, shape: tuple,
                   device: torch.device):
-    """`jittered_and_blurred` through the ViewGraph of this shape: `batch_of(buffer)` writes the batch's uint8
-    images into the graph's input buffer."""
+    """`jittered_and_blurred` (the first blur_rows images blurred) through the ViewGraph of this shape and
+    blur_rows: `batch_of(buffer)` writes the batch's uint8 images into the graph's input buffer.
+
+    The graphs of one shape share one memory pool, so a graph per blur_rows costs little more memory than one.
+    That is safe because each replay's outputs are read (by `finish`, on the same stream) before any graph of the
+    pool is replayed again, and a graph's outputs stay allocated as long as it lives: a later capture never takes
+    their memory, and what one graph leaves behind in another's scratch memory is dead by the time it is used."""
     table, at = _plan(p, out_size)
-    key = (device, shape, out_size, dtype, blur)
+    key = (device, shape, out_size, dtype, blur_rows)
     if key not in _graphs:
-        _graphs[key] = ViewGraph(shape, table.shape[1], at, out_size, dtype, blur, device)
+        pool = _pools.setdefault(key[:-1], torch.cuda.graph_pool_handle())
+        _graphs[key] = ViewGraph(shape, table.shape[1], at, out_size, dtype, blur_rows, device, pool)
     g = _graphs[key]
     batch_of(g.batch)
     g.table.copy_(torch.from_numpy(table).pin_memory(), non_blocking=True)
@@ -344,8 +378,11 @@ def apply_views(images: torch.Tensor, p: dict, out_size: int, dtype: torch.dtype
 
 
 def standardise(x: torch.Tensor, solarize: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-                channels_last: bool) -> torch.Tensor:
-    """Solarize, then x * scale + shift as fp32, written in the memory format the model wants: one pass on CUDA."""
+                channels_last: bool, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Solarize, then x * scale + shift as fp32, written in the memory format the model wants: one pass on CUDA.
+    rows (int64, optional): output image i is x's image rows[i] (views made in another order, put back)."""
+    if rows is not None:
+        x, solarize = x.index_select(0, rows), solarize.index_select(0, rows)
     y = torch.addcmul(shift, solarized(x, solarize).float(), scale)
     return y.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
@@ -358,9 +395,11 @@ def _standardisation(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return scale, -augment.device_constant(augment.MEAN, device).view(1, 3, 1, 1) * scale
 
 
-def finish(x: torch.Tensor, solarize: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    """The views the model reads: solarized where drawn, then (x - mean) / std (ImageNet's, as every path uses)."""
-    return _standardise(x, solarize, *_standardisation(x.device), channels_last)
+def finish(x: torch.Tensor, solarize: torch.Tensor, channels_last: bool,
+           rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The views the model reads: solarized where drawn, then (x - mean) / std (ImageNet's, as every path uses);
+    rows: as `standardise`'s (the views of `blurred_first`'s order put back)."""
+    return _standardise(x, solarize, *_standardisation(x.device), channels_last, rows)
 
 
 def _on_cuda_kernel(fn, module: str):
@@ -400,9 +439,13 @@ def side_views(images: torch.Tensor, idx: torch.Tensor, p: dict, out_size: int, 
         return out.copy_(images[idx].pin_memory(), non_blocking=True)  # straight into the graph's input
 
     shape = (len(idx), *images.shape[1:])
-    made = graphed_views(batch_of, p, out_size, dtype, blur, shape, device) if graphs else \
-        jittered_and_blurred(batch_of(), p, out_size, dtype, blur)
-    return finish(*made, channels_last)
+    back, blur_rows = None, 0
+    if blur:
+        idx, p, blur_rows, back = blurred_first(idx, p)
+        back = to_device(torch.from_numpy(back), device)
+    made = graphed_views(batch_of, p, out_size, dtype, blur_rows, shape, device) if graphs else \
+        jittered_and_blurred(batch_of(), p, out_size, dtype, blur, blur_rows)
+    return finish(*made, channels_last, back)
 
 
 def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size: int, seed: int, epoch: int,

@@ -21,8 +21,8 @@ PIXELS = 1024  # about this many pixels a program (whole rows): 4 rows at 224 px
 
 
 @triton.jit
-def _standardised(x_ptr, sol_ptr, scale_ptr, shift_ptr, out_ptr, n_rows, h, w, sn, sc, sh, sol_n, on_, oc, oh, ow,
-                  ROWS: tl.constexpr, BW: tl.constexpr):
+def _standardised(x_ptr, sol_ptr, scale_ptr, shift_ptr, rows_ptr, out_ptr, n_rows, h, w, sn, sc, sh, sol_n, on_, oc, oh,
+                  ow, ROWS: tl.constexpr, BW: tl.constexpr, GATHER: tl.constexpr):
     xs = tl.arange(0, BW)
     cs = tl.arange(0, 4)
     valid = (xs[:, None] < w) & (cs[None, :] < 3)
@@ -32,23 +32,28 @@ def _standardised(x_ptr, sol_ptr, scale_ptr, shift_ptr, out_ptr, n_rows, h, w, s
         r = tl.program_id(0) * ROWS + i
         if r < n_rows:
             n, y = r // h, r % h
-            v = tl.load(x_ptr + n * sn + y * sh + cs[None, :] * sc + xs[:, None], mask=valid, other=0.0).to(tl.float32)
-            v = tl.where(tl.load(sol_ptr + n * sol_n) > 0, tl.where(v >= 0.5, 1.0 - v, v), v)
+            src = n
+            if GATHER:  # output image n is input image rows[n]
+                src = tl.load(rows_ptr + n)
+            v = tl.load(x_ptr + src * sn + y * sh + cs[None, :] * sc + xs[:, None], mask=valid, other=0.0)
+            v = v.to(tl.float32)
+            v = tl.where(tl.load(sol_ptr + src * sol_n) > 0, tl.where(v >= 0.5, 1.0 - v, v), v)
             tl.store(out_ptr + n * on_ + y * oh + xs[:, None] * ow + cs[None, :] * oc, v * scale + shift, mask=valid)
 
 
 def standardise(x: torch.Tensor, solarize: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-                channels_last: bool) -> torch.Tensor:
+                channels_last: bool, rows: torch.Tensor | None = None) -> torch.Tensor:
     """`device_augment.standardise` (same arguments; x's rows contiguous, any layout of its other dims; solarize
     (m, 1), any row stride: a column of the views' parameter table), as fp32 in the memory format asked for."""
     m, _, h, w = x.shape
     assert x.stride(3) == 1, "the kernel reads each row of pixels contiguous"
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.empty(x.shape, device=x.device, dtype=torch.float32, memory_format=fmt)
-    rows = max(1, PIXELS // w)
+    per = max(1, PIXELS // w)  # rows of pixels a program
     sn, sc, sh, _ = x.stride()
     on_, oc, oh, ow = out.stride()
-    _standardised[(triton.cdiv(m * h, rows),)](x, solarize, scale, shift, out, m * h, h, w, sn, sc, sh,
-                                               solarize.stride(0), on_, oc, oh, ow, ROWS=rows,
-                                               BW=triton.next_power_of_2(w))
+    gather = rows is not None
+    _standardised[(triton.cdiv(m * h, per),)](x, solarize, scale, shift, rows if gather else x, out, m * h, h, w, sn,
+                                              sc, sh, solarize.stride(0), on_, oc, oh, ow, ROWS=per,
+                                              BW=triton.next_power_of_2(w), GATHER=gather)
     return out

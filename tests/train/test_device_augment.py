@@ -230,7 +230,7 @@ def test_finish_solarizes_the_drawn_rows_then_standardises_in_the_asked_layout(c
     assert channels_last != got.is_contiguous()  # the other layout is not what came out
 
 
-def _device_work(images, p, out, blur=True) -> list[tuple]:
+def _device_work(images, p, out, blur=True, blur_rows=None) -> list[tuple]:
     """Every aten op the views of `p` run, with its tensors' shapes and dtypes, in order."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -243,7 +243,7 @@ def _device_work(images, p, out, blur=True) -> list[tuple]:
             return func(*args, **(kwargs or {}))
 
     with Log():
-        device_augment.jittered_and_blurred(images, p, out, blur=blur)
+        device_augment.jittered_and_blurred(images, p, out, blur=blur, blur_rows=blur_rows)
     return ops
 
 
@@ -262,18 +262,58 @@ def test_the_device_work_is_the_same_whatever_was_drawn():
     assert len(_device_work(images, drawn[1], 32, blur=False)) < len(work[1])
 
 
-@pytest.mark.parametrize("blur", [False, True])
-def test_views_come_out_in_the_resize_layout_and_the_blur_reads_them_without_a_copy(blur):
+@pytest.mark.parametrize("blur_rows", [0, 2, 4], ids=["no blur", "first 2 of 4 blurred", "all blurred"])
+def test_views_come_out_in_the_resize_layout_and_the_blur_reads_them_without_a_copy(blur_rows):
     images = torch.randint(0, 256, (4, 3, 30, 30), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     p = augment.sample_params(4, augment.recipes_for("byol", 96)[0], 30, np.random.default_rng(0))
-    x, _ = device_augment.jittered_and_blurred(images, p, 24, blur=blur)
+    x, _ = device_augment.jittered_and_blurred(images, p, 24, blur=blur_rows > 0, blur_rows=blur_rows)
     assert x.shape == (4, 3, 24, 24) and x.permute(0, 2, 1, 3).is_contiguous()
-    ops = [op for op, _ in _device_work(images, p, 24, blur)]
-    assert ops.count("aten.bmm.default") == (4 if blur else 2)  # resize, and blur where the recipe has one
-    if blur:
-        blur_products = ops[len(ops) - ops[::-1].index("aten.scatter_add_.default"):]  # after the blur's matrices
-        assert blur_products.count("aten.bmm.default") == 2
-        assert not any("clone" in op or "copy" in op for op in blur_products)
+    work = _device_work(images, p, 24, blur_rows > 0, blur_rows)
+    ops = [op for op, _ in work]
+    assert sum(op.startswith("aten.bmm") for op in ops) == (4 if blur_rows else 2)  # resize; blur where drawn
+    if blur_rows:
+        after = len(ops) - ops[::-1].index("aten.scatter_add_.default")  # after the blur's matrices
+        blur_products = [(op, shapes) for op, shapes in work[after:] if op.startswith("aten.bmm")]
+        assert all(shapes[0][0][0] == blur_rows for _, shapes in blur_products)  # only the first blur_rows images
+        assert not any("clone" in op or "copy" in op for op in ops[after:])
+
+
+def test_blurred_first_puts_the_images_that_drew_the_blur_first_and_back_undoes_it():
+    recipe = dataclasses.replace(augment.recipes_for("simclr", 96)[0], blur_p=0.5)
+    p = augment.sample_params(150, recipe, 100, np.random.default_rng(0))
+    idx = torch.arange(1000, 1150)
+    drew = np.asarray(p["blur"], bool)
+    assert 30 < drew.sum() < 120
+    idx2, p2, rows, back = device_augment.blurred_first(idx, p)
+    count = int(drew.sum())
+    assert np.asarray(p2["blur"], bool)[:count].all() and not np.asarray(p2["blur"], bool)[count:].any()
+    assert rows == -(-count // device_augment.BLUR_STEP) * device_augment.BLUR_STEP and count <= rows < 150
+    assert torch.equal(idx2[torch.from_numpy(back)], idx)  # back puts every row where it was
+    for k in p:  # each image keeps its own parameters
+        np.testing.assert_array_equal(np.asarray(p2[k])[back], np.asarray(p[k]))
+    # every image blurred, or none: all rows, or none, go through the products
+    assert device_augment.blurred_first(idx, {**p, "blur": np.ones(150, bool)})[2] == 150
+    assert device_augment.blurred_first(idx, {**p, "blur": np.zeros(150, bool)})[2] == 0
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_views_blurred_first_are_the_views_blurred_in_full(channels_last):
+    """side_views blurs only the images that drew the blur (and the few rows up to BLUR_STEP after them), made in
+    that order and put back: the same views, bit for bit, as every image through the products in the order given."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (100, 3, 40, 40), dtype=torch.uint8, generator=g)
+    recipe = dataclasses.replace(augment.recipes_for("byol", 96)[1], blur_p=0.4)  # solarize too: rows read back
+    p = augment.sample_params(160, recipe, 40, np.random.default_rng(1))
+    idx = torch.randint(0, 100, (160,), generator=g)
+    assert device_augment.blurred_first(idx, p)[2] < 160  # images left out of the products
+    got = device_augment.side_views(images, idx, p, 40, True, torch.float32, channels_last, torch.device("cpu"))
+    full = device_augment.finish(*device_augment.jittered_and_blurred(images[idx], p, 40), channels_last)
+    assert torch.equal(got, full)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    assert got.is_contiguous(memory_format=layout)
+    unblurred = device_augment.finish(*device_augment.jittered_and_blurred(images[idx], p, 40, blur=False),
+                                      channels_last)
+    assert not torch.equal(got, unblurred)  # the blur was drawn and done
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
@@ -296,8 +336,33 @@ def test_graphed_views_are_the_eager_views_on_cuda(on_side_stream):
             with torch.cuda.stream(stream):
                 eager = device_augment.jittered_and_blurred(images.index_select(0, idx), p, 96, torch.float16)
                 graphed = device_augment.graphed_views(lambda buf: torch.index_select(images, 0, idx, out=buf), p,
-                                                       96, torch.float16, True, (32, 3, 72, 72), dev)
+                                                       96, torch.float16, 32, (32, 3, 72, 72), dev)
                 assert torch.equal(eager[0], graphed[0]) and torch.equal(eager[1], graphed[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_graphed_side_views_blurred_first_are_the_eager_ones_on_cuda():
+    """The training path: side_views with the images that drew the blur first, eager and through the ViewGraphs of
+    each blur_rows, which share one memory pool: counts that need 64, 128 and 160 rows, then 128 again (a graph
+    replayed after another captured later), each equal to the eager views."""
+    device_augment._graphs.clear()
+    dev = torch.device("cuda")
+    images = torch.randint(0, 256, (100, 3, 72, 72), dtype=torch.uint8, device=dev)
+    idx = torch.arange(80).repeat(2)
+    rng = np.random.default_rng(0)
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    for method in ("simclr", "byol"):
+        recipes = augment.recipes_for(method, 96)
+        for batch, count in enumerate((10, 70, 150, 70)):
+            p = device_augment.rows_of(device_augment.draw_params(80, recipes, 72, 0, 0, batch), [0, 1], slice(0, 80))
+            p["blur"] = np.isin(np.arange(160), rng.choice(160, count, replace=False))
+            assert device_augment.blurred_first(idx, p)[2] == min(160, -(-count // 64) * 64)
+            with torch.cuda.stream(stream):
+                made = [device_augment.side_views(images, idx, p, 96, True, torch.float16, True, dev, graphs=graphs)
+                        for graphs in (False, True)]
+            assert torch.equal(*made), (method, count)
+    assert len({key[-1] for key in device_augment._graphs}) == 3 and len(device_augment._pools) == 1
 
 
 def test_colour_clamps_its_input_before_any_blend():
