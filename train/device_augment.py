@@ -294,9 +294,9 @@ BLUR_STEP = 64  # blur_rows in steps of this many images: a ViewGraph per step t
 def blurred_first(idx: torch.Tensor, p: dict) -> tuple[torch.Tensor, dict, int, np.ndarray]:
     """The rows of a batch of views reordered so that every image that drew the blur comes first: (idx and p in
     that order, the rows from the first that the blur's products must cover, and `back`: views[back] puts the
-    views made in that order back in idx's order). Only those images go through the blur's two products, where
-    before every image did, the others with the identity kernel (half the views in SimCLR, 55 % in BYOL). The
-    rows covered are rounded up to BLUR_STEP, so a few CUDA graphs (ViewGraph) serve every count drawn."""
+    views made in that order back in idx's order). Only those images go through the blur's two products: the
+    others would pass through them unchanged (the identity kernel), and SimCLR blurs half its views, BYOL 55 %.
+    The rows covered are rounded up to BLUR_STEP, so a few CUDA graphs (ViewGraph) serve every count drawn."""
     drew = np.asarray(p["blur"], bool).reshape(-1)
     first = np.argsort(~drew, kind="stable")
     rows = min(len(drew), -(-int(drew.sum()) // BLUR_STEP) * BLUR_STEP)
