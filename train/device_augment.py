@@ -277,7 +277,9 @@ def from_table(images: torch.Tensor, t: torch.Tensor, at: dict, out_size: int, d
     # Blur, the same two products on the same layout, for the first k images: an image among them that drew no
     # blur gets the identity kernel, which leaves it as it was, bit for bit, and so do the images after them, which
     # skip the products. reshape copies only if the compiler chose another layout for colour's output.
-    b = blur_matrices(col("blur")[:k], out_size).to(dtype)
+    # built in dtype, half the bytes in fp16: at most two taps land on one entry (the reflect padding), so the
+    # order the scatter adds them in cannot change the sum
+    b = blur_matrices(col("blur")[:k].to(dtype), out_size)
     rows = x.permute(0, 2, 1, 3).reshape(m, out_size, 3 * out_size)
     y = torch.bmm(b, rows[:k]).view(k, out_size * 3, out_size)
     if k == m:
