@@ -3,18 +3,15 @@ against the eager `device_augment.standardise` on the same views: the resize's l
 power of two and not, programs of one row and of many (the last one partly past the end), both memory formats,
 fp32 and the fp16 the views train with, images solarized and not, in order and gathered from another order."""
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.train.triton_helpers import hopper_cubin, interpreted_outputs
 from train import device_augment
 
 triton = pytest.importorskip("triton")  # PyTorch's Linux wheels bring it; where it is missing finish runs compiled
-ROOT = Path(__file__).resolve().parents[2]
 # images, side, rows layout: a program takes 51 rows of 20 px (not a multiple of 20) or 31 of 33 px (a row not a
 # power of two wide); the last program of each case is short
 CASES = {"20 px, rows layout": (7, 20, True), "33 px, rows layout": (3, 33, True), "20 px, plain": (5, 20, False)}
@@ -48,12 +45,8 @@ def _reference(x, sol, scale, shift, channels_last, rows):
 
 @pytest.fixture(scope="module")
 def kernel_outputs(tmp_path_factory):
-    """The kernel's outputs for every case, from a process where Triton's interpreter runs it: it must be on
-    before triton is first imported, which this process can't promise."""
-    out = tmp_path_factory.mktemp("standardise") / "outputs.pt"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, __file__, str(out)], env=env, check=True, timeout=300)
-    return torch.load(out)
+    """The kernel's outputs for every case, from Triton's interpreter."""
+    return interpreted_outputs(__file__, tmp_path_factory.mktemp("standardise") / "outputs.pt")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -82,24 +75,10 @@ def test_the_solarize_column_is_read_per_image(kernel_outputs):
 @pytest.mark.parametrize("gather", [False, True])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_kernel_compiles_for_a_hopper_gpu(dtype, gather):
-    """Triton's compiler, down to the cubin, for an H100/H200 (sm_90), here on the CPU: it refuses what the
-    interpreter lets through, which would leave the views on the compiled fallback on every GPU, found only there."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from train import standardise_kernel
 
-    kernel, constexprs = standardise_kernel._standardised, {"ROWS": 4, "BW": 256, "GATHER": gather}
-    pointers = {"x_ptr": f"*{dtype}", "rows_ptr": "*i64"}
-
-    def kind(name: str) -> str:
-        if name in constexprs:
-            return "constexpr"
-        return pointers.get(name, "*fp32") if name.endswith("_ptr") else "i32"
-
-    signature = {name: kind(name) for name in kernel.arg_names}
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
-    assert compiled.asm["cubin"]
+    constexprs = {"ROWS": 4, "BW": 256, "GATHER": gather}
+    assert hopper_cubin(standardise_kernel._standardised, constexprs, {"x_ptr": f"*{dtype}", "rows_ptr": "*i64"})
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel needs a CUDA GPU")
