@@ -313,21 +313,21 @@ class ViewGraph:
     reads them on the same stream before it (`finish` does, writing the views into a tensor of their own)."""
 
     def __init__(self, batch_shape: tuple, width: int, at: dict, out_size: int, dtype: torch.dtype, blur_rows: int,
-                 device: torch.device, pool=None):
+                 device: torch.device, pool, stream: torch.cuda.Stream):
         self.batch = torch.zeros(batch_shape, dtype=torch.uint8, device=device)
         self.table = torch.zeros(batch_shape[0], width, device=device)
         self.table[:, at["crop"]] = torch.tensor([0.0, 0.0, batch_shape[-1], batch_shape[-1]], device=device)  # a valid crop
         self.args = (at, out_size, dtype, blur_rows)
         from_table(self.batch, self.table, *self.args)  # warm-up outside the capture: compiles colour(), sets up cuBLAS
         self.graph = torch.cuda.CUDAGraph()
-        # A stream of its own, whichever stream the caller is on: torch refuses a capture on the default stream (a
-        # probe's or a test's), and torch's shared capture stream may be capturing the training step's graphs on
-        # the training thread at the same time. thread_local: the training thread may allocate while this thread
-        # captures (its own calls are the ones that must not touch the allocator's or the driver's state then).
-        # A replay runs on the caller's current stream, whichever stream captured it. `pool`: the memory of the
-        # other graphs of this shape (graphed_views says why sharing it is safe).
-        with torch.cuda.graph(self.graph, pool=pool, stream=torch.cuda.Stream(device),
-                              capture_error_mode="thread_local"):
+        # A stream of the views' own, whichever stream the caller is on: torch refuses a capture on the default
+        # stream (a probe's or a test's), and torch's shared capture stream may be capturing the training step's
+        # graphs on the training thread at the same time. thread_local: the training thread may allocate while this
+        # thread captures (its own calls are the ones that must not touch the allocator's or the driver's state
+        # then). A replay runs on the caller's current stream, whichever stream captured it. `pool` and `stream`:
+        # the memory of the other graphs of this shape and the stream they were captured on, which torch needs to
+        # be the same for them to share that memory (graphed_views says why sharing it is safe).
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             self.out = from_table(self.batch, self.table, *self.args)
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,7 +336,7 @@ class ViewGraph:
 
 
 _graphs: dict = {}  # (device, batch shape, out size, dtype, blur rows) -> ViewGraph: captured once per process
-_pools: dict = {}  # (device, batch shape, out size, dtype) -> the memory pool its ViewGraphs share
+_pools: dict = {}  # (device, batch shape, out size, dtype) -> (memory pool, capture stream) its ViewGraphs share
 
 
 def graphed_views(batch_of, p: dict, out_size: int, dtype: torch.dtype, blur_rows: int, shape: tuple,
@@ -351,8 +351,9 @@ def graphed_views(batch_of, p: dict, out_size: int, dtype: torch.dtype, blur_row
     table, at = _plan(p, out_size)
     key = (device, shape, out_size, dtype, blur_rows)
     if key not in _graphs:
-        pool = _pools.setdefault(key[:-1], torch.cuda.graph_pool_handle())
-        _graphs[key] = ViewGraph(shape, table.shape[1], at, out_size, dtype, blur_rows, device, pool)
+        if key[:-1] not in _pools:
+            _pools[key[:-1]] = (torch.cuda.graph_pool_handle(), torch.cuda.Stream(device))
+        _graphs[key] = ViewGraph(shape, table.shape[1], at, out_size, dtype, blur_rows, device, *_pools[key[:-1]])
     g = _graphs[key]
     batch_of(g.batch)
     g.table.copy_(torch.from_numpy(table).pin_memory(), non_blocking=True)
