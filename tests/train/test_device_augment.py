@@ -360,10 +360,10 @@ def test_graphed_side_views_blurred_first_are_the_eager_ones_on_cuda():
             p = device_augment.rows_of(device_augment.draw_params(80, recipes, 72, 0, 0, batch), [0, 1], slice(0, 80))
             p["blur"] = np.isin(np.arange(160), rng.choice(160, count, replace=False))
             assert device_augment.blurred_first(idx, p)[2] == min(160, -(-count // 64) * 64)
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(stream):  # compared on the stream that made them, after them
                 made = [device_augment.side_views(images, idx, p, 96, True, torch.float16, True, dev, graphs=graphs)
                         for graphs in (False, True)]
-            assert torch.equal(*made), (method, count)
+                assert torch.equal(*made), (method, count)
     assert len({key[-1] for key in device_augment._graphs}) == 3 and len(device_augment._pools) == 1
 
 
