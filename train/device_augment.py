@@ -20,8 +20,8 @@ How each op becomes a few whole-batch kernels (no per-image launch, no device-to
 - grayscale and solarize are masks; blur is two batched matmuls with per-image banded Gaussian matrices (reflect
   padding folded in) on the resize's memory layout, so they read the views without a copy; an image that draws no
   blur gets the identity, which leaves it exactly as it was.
-- solarize, standardise and the model's memory format in one last pass (`finish`); on CUDA one Triton kernel
-  (train/standardise_kernel.py says why).
+- solarize, standardise and the model's memory format in one last pass (`finish`), which also puts the views made
+  blurred-first back in order.
 - every image goes through every op and the views of a batch are made by the same kernels on the same shapes
   whatever was drawn: so on CUDA one graph replays them all (ViewGraph), one launch instead of dozens.
 
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import math
 import queue
 import threading
@@ -216,16 +215,17 @@ _compiled: dict = {}
 AHEAD = 2  # batches made in advance on CUDA: one in the queue covers a step's jitter; two, a slow one's
 
 
-def _on_cuda_compiled(fn):
-    """fn, compiled on CUDA (once per shape: fullgraph, static shapes) and eager elsewhere. If compiling fails (no
-    working Triton, say), it warns once and every such function stays eager: slower, same result."""
+def _on_cuda_compiled(fn, **options):
+    """fn, compiled on CUDA (once per shape: fullgraph, static shapes; Inductor's `options`) and eager elsewhere. If
+    compiling fails (no working Triton, say), it warns once and every such function stays eager: slower, same
+    result."""
     name = fn.__name__
 
     def run(x: torch.Tensor, *args):
         if x.device.type != "cuda" or _compiled.get("failed"):
             return fn(x, *args)
         if name not in _compiled:
-            _compiled[name] = torch.compile(fn, dynamic=False, fullgraph=True)
+            _compiled[name] = torch.compile(fn, dynamic=False, fullgraph=True, options=options or None)
         try:
             return _compiled[name](x, *args)
         except Exception as e:  # the compiler stack raises many types; eager is always a correct fallback
@@ -405,26 +405,26 @@ def finish(x: torch.Tensor, solarize: torch.Tensor, channels_last: bool,
     return _standardise(x, solarize, *_standardisation(x.device), channels_last, rows)
 
 
-def _on_cuda_kernel(fn, module: str):
-    """fn on CUDA as the Triton kernel(s) of train/<module>.py (a function of the same name and arguments, which
-    says why it is hand-written); if they cannot run (no Triton, a compile error), compiled, with one warning;
-    elsewhere eager."""
-    compiled, name = _on_cuda_compiled(fn), fn.__name__
-
-    def run(x: torch.Tensor, *args):
-        if x.device.type == "cuda" and not _compiled.get(f"no {module}"):
-            try:
-                return getattr(importlib.import_module(f"train.{module}"), name)(x, *args)
-            except Exception as e:  # an import or a Triton compile error: the compiled fn is a correct fallback
-                warnings.warn(f"{name} runs compiled: its Triton kernels failed ({type(e).__name__}: {str(e)[:200]})")
-                _compiled[f"no {module}"] = True
-        return compiled(x, *args)
-
-    return run
+_colour_compiled = _on_cuda_compiled(colour)
 
 
-_colour = _on_cuda_kernel(colour, "colour_kernel")  # two passes where the compiled colour() makes a dozen
-_standardise = _on_cuda_kernel(standardise, "standardise_kernel")  # the transpose to channels last in whole rows
+def _colour(x: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+    """colour(): on CUDA as the two Triton kernels of train/colour_kernel.py (two passes over the batch where the
+    compiled colour() makes a dozen); if they cannot run (no Triton), compiled, with one warning; elsewhere eager."""
+    if x.device.type == "cuda" and not _compiled.get("no colour kernels"):
+        try:
+            from train import colour_kernel
+            return colour_kernel.colour(x, *args)
+        except Exception as e:  # an import or a Triton compile error: the compiled colour() is a correct fallback
+            warnings.warn(f"colour jitter runs compiled: its Triton kernels failed ({type(e).__name__}: {str(e)[:200]})")
+            _compiled["no colour kernels"] = True
+    return _colour_compiled(x, *args)
+
+
+# Inductor's coordinate-descent tuning: the pass is a transpose from the resize's layout to channels last, and the
+# default config ran it at under half an H100's bandwidth (0.307 ms for SimCLR's 512 views at 224 px), the tuned one
+# at 0.180 ms (benchmarks/results/h100-views-blurred-first/)
+_standardise = _on_cuda_compiled(standardise, coordinate_descent_tuning=True)
 _as_rows = _on_cuda_compiled(as_rows)
 
 
