@@ -341,6 +341,26 @@ def test_graphed_views_are_the_eager_views_on_cuda(on_side_stream):
                 assert torch.equal(eager[0], graphed[0]) and torch.equal(eager[1], graphed[1])
 
 
+def blurred_first_steps(dev: torch.device):
+    """The blurred-first CUDA test's input: (uint8 images, idx: 80 images' two views, then (method, count, p) per
+    step), with counts of blurred views that need 64, 128 and 160 rows, then 128 again. Also read by
+    benchmarks/results/h100-views-blurred-first/diag_views.py, which tells why graphed views could differ."""
+    images = torch.randint(0, 256, (100, 3, 72, 72), dtype=torch.uint8, device=dev)
+    idx = torch.arange(80).repeat(2)
+    rng = np.random.default_rng(0)
+
+    def steps():
+        for method in ("simclr", "byol"):
+            recipes = augment.recipes_for(method, 96)
+            for batch, count in enumerate((10, 70, 150, 70)):
+                p = device_augment.rows_of(device_augment.draw_params(80, recipes, 72, 0, 0, batch), [0, 1],
+                                           slice(0, 80))
+                p["blur"] = np.isin(np.arange(160), rng.choice(160, count, replace=False))
+                yield method, count, p
+
+    return images, idx, steps()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_graphed_side_views_blurred_first_are_the_eager_ones_on_cuda():
     """The training path: side_views with the images that drew the blur first, eager and through the ViewGraphs of
@@ -349,21 +369,15 @@ def test_graphed_side_views_blurred_first_are_the_eager_ones_on_cuda():
     device_augment._graphs.clear()
     device_augment._pools.clear()
     dev = torch.device("cuda")
-    images = torch.randint(0, 256, (100, 3, 72, 72), dtype=torch.uint8, device=dev)
-    idx = torch.arange(80).repeat(2)
-    rng = np.random.default_rng(0)
+    images, idx, steps = blurred_first_steps(dev)
     stream = torch.cuda.Stream(dev)
     stream.wait_stream(torch.cuda.current_stream(dev))
-    for method in ("simclr", "byol"):
-        recipes = augment.recipes_for(method, 96)
-        for batch, count in enumerate((10, 70, 150, 70)):
-            p = device_augment.rows_of(device_augment.draw_params(80, recipes, 72, 0, 0, batch), [0, 1], slice(0, 80))
-            p["blur"] = np.isin(np.arange(160), rng.choice(160, count, replace=False))
-            assert device_augment.blurred_first(idx, p)[2] == min(160, -(-count // 64) * 64)
-            with torch.cuda.stream(stream):  # compared on the stream that made them, after them
-                made = [device_augment.side_views(images, idx, p, 96, True, torch.float16, True, dev, graphs=graphs)
-                        for graphs in (False, True)]
-                assert torch.equal(*made), (method, count)
+    for method, count, p in steps:
+        assert device_augment.blurred_first(idx, p)[2] == min(160, -(-count // 64) * 64)
+        with torch.cuda.stream(stream):  # compared on the stream that made them, after them
+            made = [device_augment.side_views(images, idx, p, 96, True, torch.float16, True, dev, graphs=graphs)
+                    for graphs in (False, True)]
+            assert torch.equal(*made), (method, count)
     assert len({key[-1] for key in device_augment._graphs}) == 3 and len(device_augment._pools) == 1
 
 
