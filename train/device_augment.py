@@ -242,13 +242,13 @@ def work_dtype(device: torch.device) -> torch.dtype:
 
 
 def jittered_and_blurred(images: torch.Tensor, p: dict, out_size: int, dtype: torch.dtype = torch.float32,
-                         blur: bool = True, blur_rows: int | None = None):
+                         blur_rows: int | None = None):
     """Row i of `p` (host tensors or arrays) applied to images[i] (uint8 m x 3 x S x S on the device) up to the
     blur: (views m x 3 x out x out in [0, 1] of `dtype`, laid out as `rows_layout`; the solarize column (m, 1)).
-    blur=False skips the blur's products, for views whose recipe never blurs; blur_rows: only the first this many
-    images go through them (`blurred_first` puts every image that drew the blur there), else all."""
+    blur_rows: only the first this many images go through the blur's products (`blurred_first` puts every image
+    that drew the blur there; 0 skips them, for views whose recipe never blurs); None: every image."""
     table, at = _plan(p, out_size)
-    rows = (len(table) if blur_rows is None else blur_rows) if blur else 0
+    rows = len(table) if blur_rows is None else blur_rows
     return from_table(images, to_device(torch.from_numpy(table), images.device), at, out_size, dtype, rows)
 
 
@@ -447,7 +447,7 @@ def side_views(images: torch.Tensor, idx: torch.Tensor, p: dict, out_size: int, 
         idx, p, blur_rows, back = blurred_first(idx, p)
         back = to_device(torch.from_numpy(back), device)
     made = graphed_views(batch_of, p, out_size, dtype, blur_rows, shape, device) if graphs else \
-        jittered_and_blurred(batch_of(), p, out_size, dtype, blur, blur_rows)
+        jittered_and_blurred(batch_of(), p, out_size, dtype, blur_rows)
     return finish(*made, channels_last, back)
 
 

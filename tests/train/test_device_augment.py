@@ -230,7 +230,7 @@ def test_finish_solarizes_the_drawn_rows_then_standardises_in_the_asked_layout(c
     assert channels_last != got.is_contiguous()  # the other layout is not what came out
 
 
-def _device_work(images, p, out, blur=True, blur_rows=None) -> list[tuple]:
+def _device_work(images, p, out, blur_rows=None) -> list[tuple]:
     """Every aten op the views of `p` run, with its tensors' shapes and dtypes, in order."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -243,7 +243,7 @@ def _device_work(images, p, out, blur=True, blur_rows=None) -> list[tuple]:
             return func(*args, **(kwargs or {}))
 
     with Log():
-        device_augment.jittered_and_blurred(images, p, out, blur=blur, blur_rows=blur_rows)
+        device_augment.jittered_and_blurred(images, p, out, blur_rows=blur_rows)
     return ops
 
 
@@ -259,16 +259,16 @@ def test_the_device_work_is_the_same_whatever_was_drawn():
     work = [_device_work(images, p, 32) for p in drawn]
     assert work[0] == work[1] and any("bmm" in op for op, _ in work[0])
     # a recipe that never blurs skips the blur's products altogether (known before any draw)
-    assert len(_device_work(images, drawn[1], 32, blur=False)) < len(work[1])
+    assert len(_device_work(images, drawn[1], 32, blur_rows=0)) < len(work[1])
 
 
 @pytest.mark.parametrize("blur_rows", [0, 2, 4], ids=["no blur", "first 2 of 4 blurred", "all blurred"])
 def test_views_come_out_in_the_resize_layout_and_the_blur_reads_them_without_a_copy(blur_rows):
     images = torch.randint(0, 256, (4, 3, 30, 30), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     p = augment.sample_params(4, augment.recipes_for("byol", 96)[0], 30, np.random.default_rng(0))
-    x, _ = device_augment.jittered_and_blurred(images, p, 24, blur=blur_rows > 0, blur_rows=blur_rows)
+    x, _ = device_augment.jittered_and_blurred(images, p, 24, blur_rows=blur_rows)
     assert x.shape == (4, 3, 24, 24) and x.permute(0, 2, 1, 3).is_contiguous()
-    work = _device_work(images, p, 24, blur_rows > 0, blur_rows)
+    work = _device_work(images, p, 24, blur_rows)
     ops = [op for op, _ in work]
     assert sum(op.startswith("aten.bmm") for op in ops) == (4 if blur_rows else 2)  # resize; blur where drawn
     if blur_rows:
@@ -311,7 +311,7 @@ def test_views_blurred_first_are_the_views_blurred_in_full(channels_last):
     assert torch.equal(got, full)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     assert got.is_contiguous(memory_format=layout)
-    unblurred = device_augment.finish(*device_augment.jittered_and_blurred(images[idx], p, 40, blur=False),
+    unblurred = device_augment.finish(*device_augment.jittered_and_blurred(images[idx], p, 40, blur_rows=0),
                                       channels_last)
     assert not torch.equal(got, unblurred)  # the blur was drawn and done
 
