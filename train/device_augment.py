@@ -339,6 +339,13 @@ _graphs: dict = {}  # (device, batch shape, out size, dtype, blur rows) -> ViewG
 _pools: dict = {}  # (device, batch shape, out size, dtype) -> (memory pool, capture stream) its ViewGraphs share
 
 
+def forget_graphs() -> None:
+    """Drop every ViewGraph and the pools they share: the next call captures afresh, from the caller's stream (a
+    test's, a probe's). The two caches go together: a pool kept after its graphs would be reused by new captures."""
+    _graphs.clear()
+    _pools.clear()
+
+
 def graphed_views(batch_of, p: dict, out_size: int, dtype: torch.dtype, blur_rows: int, shape: tuple,
                   device: torch.device):
     """`jittered_and_blurred` (the first blur_rows images blurred) through the ViewGraph of this shape and

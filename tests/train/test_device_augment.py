@@ -321,8 +321,7 @@ def test_views_blurred_first_are_the_views_blurred_in_full(channels_last):
 def test_graphed_views_are_the_eager_views_on_cuda(on_side_stream):
     """Captured and replayed from the default stream (a probe's) or a side stream (training's): the graph captures
     on a stream of its own, since torch refuses a capture on the default stream, and replays on the caller's."""
-    device_augment._graphs.clear()  # captured here, from this stream, not taken from an earlier test's cache
-    device_augment._pools.clear()
+    device_augment.forget_graphs()  # captured here, from this stream, not taken from an earlier test's cache
     dev = torch.device("cuda")
     images = torch.randint(0, 256, (40, 3, 72, 72), dtype=torch.uint8, device=dev)
     idx = torch.arange(16, device=dev).repeat(2)
@@ -366,8 +365,7 @@ def test_graphed_side_views_blurred_first_are_the_eager_ones_on_cuda():
     """The training path: side_views with the images that drew the blur first, eager and through the ViewGraphs of
     each blur_rows, which share one memory pool: counts that need 64, 128 and 160 rows, then 128 again (a graph
     replayed after another captured later), each equal to the eager views."""
-    device_augment._graphs.clear()
-    device_augment._pools.clear()
+    device_augment.forget_graphs()
     dev = torch.device("cuda")
     images, idx, steps = blurred_first_steps(dev)
     stream = torch.cuda.Stream(dev)
