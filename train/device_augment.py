@@ -22,8 +22,9 @@ How each op becomes a few whole-batch kernels (no per-image launch, no device-to
   blur gets the identity, which leaves it exactly as it was.
 - solarize, standardise and the model's memory format in one last pass (`finish`), which also puts the views made
   blurred-first back in order.
-- every image goes through every op and the views of a batch are made by the same kernels on the same shapes
-  whatever was drawn: so on CUDA one graph replays them all (ViewGraph), one launch instead of dozens.
+- the views of a batch are made by the same kernels on the same shapes whatever was drawn (every image through
+  every op but the blur, which covers a fixed number of rows from the first, where the images that drew it are
+  put): so on CUDA one graph replays them all (ViewGraph), one launch instead of dozens.
 
 The parameters of a batch are drawn on the host by `augment.draw_views` from one generator seeded by
 (seed, epoch, batch): a pure function of the step on every device, so a resumed run sees the same views as an
@@ -290,19 +291,27 @@ def from_table(images: torch.Tensor, t: torch.Tensor, at: dict, out_size: int, d
     return x.view(m, out_size, 3, out_size).permute(0, 2, 1, 3), col("solarize")
 
 
-BLUR_STEP = 64  # blur_rows in steps of this many images: a ViewGraph per step the count of blurred images reaches
-
-
 def blurred_first(idx: torch.Tensor, p: dict) -> tuple[torch.Tensor, dict, int, np.ndarray]:
     """The rows of a batch of views reordered so that every image that drew the blur comes first: (idx and p in
-    that order, the rows from the first that the blur's products must cover, and `back`: views[back] puts the
-    views made in that order back in idx's order). Only those images go through the blur's two products: the
-    others would pass through them unchanged (the identity kernel), and SimCLR blurs half its views, BYOL 55 %.
-    The rows covered are rounded up to BLUR_STEP, so a few CUDA graphs (ViewGraph) serve every count drawn."""
+    that order, how many drew it, and `back`: views[back] puts the views made in that order back in idx's order).
+    Only those images need the blur's two products: the others would pass through them unchanged (the identity
+    kernel), and SimCLR blurs half its views, BYOL 55 %."""
     drew = np.asarray(p["blur"], bool).reshape(-1)
     first = np.argsort(~drew, kind="stable")
-    rows = min(len(drew), -(-int(drew.sum()) // BLUR_STEP) * BLUR_STEP)
-    return idx[torch.from_numpy(first)], {k: np.asarray(v)[first] for k, v in p.items()}, rows, np.argsort(first)
+    return idx[torch.from_numpy(first)], {k: np.asarray(v)[first] for k, v in p.items()}, int(drew.sum()), \
+        np.argsort(first)
+
+
+def blur_cover(probs) -> int:
+    """How many rows, from the first, a side's CUDA graph puts through the blur: `probs` holds each of the side's
+    views' chance to draw it. The count drawn is a sum of such draws, so its mean + 5 standard deviations covers
+    all but about 3 batches in 10 million (those are made eager); the rows past the count carry the identity
+    kernel, bit for bit. 0 for a side that never blurs. One number per side, so its graph is captured once, at
+    the first batch (ViewGraph says why never later)."""
+    probs = np.asarray(probs, np.float64)
+    if not probs.any():
+        return 0
+    return min(len(probs), int(np.ceil(probs.sum() + 5 * np.sqrt((probs * (1 - probs)).sum()))))
 
 
 class ViewGraph:
@@ -310,24 +319,28 @@ class ViewGraph:
     small image sizes the host's launches, not the GPU, bound the views, and on the same host as the training
     step's launches they slow the step (docs/benchmarks.md); a replay is one launch for all of them. Fill `batch`
     and `table` (the graph's inputs), then call; the outputs are overwritten by the next call, so the caller
-    reads them on the same stream before it (`finish` does, writing the views into a tensor of their own)."""
+    reads them on the same stream before it (`finish` does, writing the views into a tensor of their own).
+
+    Captured at the first batch only, which `ahead` makes on the calling thread before training starts: a capture
+    switches the default CUDA generator into capture mode for every thread, so one on the views' worker thread
+    beside a training step that draws random numbers (stochastic depth: EfficientNet, ConvNeXt) fails that step
+    ("Offset increment outside graph capture"). Hence one graph per side, blurring a fixed number of rows
+    (`blur_cover`), not one per count drawn."""
 
     def __init__(self, batch_shape: tuple, width: int, at: dict, out_size: int, dtype: torch.dtype, blur_rows: int,
-                 device: torch.device, pool, stream: torch.cuda.Stream):
+                 device: torch.device):
         self.batch = torch.zeros(batch_shape, dtype=torch.uint8, device=device)
         self.table = torch.zeros(batch_shape[0], width, device=device)
         self.table[:, at["crop"]] = torch.tensor([0.0, 0.0, batch_shape[-1], batch_shape[-1]], device=device)  # a valid crop
         self.args = (at, out_size, dtype, blur_rows)
         from_table(self.batch, self.table, *self.args)  # warm-up outside the capture: compiles colour(), sets up cuBLAS
         self.graph = torch.cuda.CUDAGraph()
-        # A stream of the views' own, whichever stream the caller is on: torch refuses a capture on the default
-        # stream (a probe's or a test's), and torch's shared capture stream may be capturing the training step's
-        # graphs on the training thread at the same time. thread_local: the training thread may allocate while this
-        # thread captures (its own calls are the ones that must not touch the allocator's or the driver's state
-        # then). A replay runs on the caller's current stream, whichever stream captured it. `pool` and `stream`:
-        # the memory of the other graphs of this shape and the stream they were captured on, which torch needs to
-        # be the same for them to share that memory (graphed_views says why sharing it is safe).
-        with torch.cuda.graph(self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+        # A stream of its own, whichever stream the caller is on: torch refuses a capture on the default stream (a
+        # probe's or a test's), and torch's shared capture stream may be capturing the training step's graphs on
+        # the training thread at the same time. thread_local: the training thread may allocate while this thread
+        # captures (its own calls are the ones that must not touch the allocator's or the driver's state then).
+        # A replay runs on the caller's current stream, whichever stream captured it.
+        with torch.cuda.graph(self.graph, stream=torch.cuda.Stream(device), capture_error_mode="thread_local"):
             self.out = from_table(self.batch, self.table, *self.args)
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,31 +349,21 @@ class ViewGraph:
 
 
 _graphs: dict = {}  # (device, batch shape, out size, dtype, blur rows) -> ViewGraph: captured once per process
-_pools: dict = {}  # (device, batch shape, out size, dtype) -> (memory pool, capture stream) its ViewGraphs share
 
 
 def forget_graphs() -> None:
-    """Drop every ViewGraph and the pools they share: the next call captures afresh, from the caller's stream (a
-    test's, a probe's). The two caches go together: a pool kept after its graphs would be reused by new captures."""
+    """Drop every ViewGraph: the next call captures afresh, from the caller's stream (a test's, a probe's)."""
     _graphs.clear()
-    _pools.clear()
 
 
 def graphed_views(batch_of, p: dict, out_size: int, dtype: torch.dtype, blur_rows: int, shape: tuple,
                   device: torch.device):
     """`jittered_and_blurred` (the first blur_rows images blurred) through the ViewGraph of this shape and
-    blur_rows: `batch_of(buffer)` writes the batch's uint8 images into the graph's input buffer.
-
-    The graphs of one shape share one memory pool, so a graph per blur_rows costs little more memory than one.
-    That is safe because each replay's outputs are read (by `finish`, on the same stream) before any graph of the
-    pool is replayed again, and a graph's outputs stay allocated as long as it lives: a later capture never takes
-    their memory, and what one graph leaves behind in another's scratch memory is dead by the time it is used."""
+    blur_rows: `batch_of(buffer)` writes the batch's uint8 images into the graph's input buffer."""
     table, at = _plan(p, out_size)
     key = (device, shape, out_size, dtype, blur_rows)
     if key not in _graphs:
-        if key[:-1] not in _pools:
-            _pools[key[:-1]] = (torch.cuda.graph_pool_handle(), torch.cuda.Stream(device))
-        _graphs[key] = ViewGraph(shape, table.shape[1], at, out_size, dtype, blur_rows, device, *_pools[key[:-1]])
+        _graphs[key] = ViewGraph(shape, table.shape[1], at, out_size, dtype, blur_rows, device)
     g = _graphs[key]
     batch_of(g.batch)
     g.table.copy_(torch.from_numpy(table).pin_memory(), non_blocking=True)
@@ -435,11 +438,12 @@ _standardise = _on_cuda_compiled(standardise, coordinate_descent_tuning=True)
 _as_rows = _on_cuda_compiled(as_rows)
 
 
-def side_views(images: torch.Tensor, idx: torch.Tensor, p: dict, out_size: int, blur: bool, dtype: torch.dtype,
+def side_views(images: torch.Tensor, idx: torch.Tensor, p: dict, out_size: int, cover: int, dtype: torch.dtype,
                channels_last: bool, device: torch.device, graphs: bool = False) -> torch.Tensor:
     """The views of one side for the images `idx` (host int64) picks, row i of `p` for image idx[i], normalised
     as the model reads them: what a step's batch holds for the views of that side. `images` on the device or on
-    the host; graphs (CUDA): through the ViewGraph of this shape."""
+    the host; cover: the side's `blur_cover` (0: it never blurs); graphs (CUDA): through the ViewGraph of this
+    shape, whose blur covers that many rows."""
 
     def batch_of(out=None):
         if images.device.type == device.type:
@@ -449,12 +453,14 @@ def side_views(images: torch.Tensor, idx: torch.Tensor, p: dict, out_size: int, 
         return out.copy_(images[idx].pin_memory(), non_blocking=True)  # straight into the graph's input
 
     shape = (len(idx), *images.shape[1:])
-    back, blur_rows = None, 0
-    if blur:
-        idx, p, blur_rows, back = blurred_first(idx, p)
+    back, drew = None, 0
+    if cover:
+        idx, p, drew, back = blurred_first(idx, p)
         back = to_device(torch.from_numpy(back), device)
-    made = graphed_views(batch_of, p, out_size, dtype, blur_rows, shape, device) if graphs else \
-        jittered_and_blurred(batch_of(), p, out_size, dtype, blur_rows)
+    if graphs and drew <= cover:
+        made = graphed_views(batch_of, p, out_size, dtype, cover, shape, device)
+    else:  # eager, also where more drew the blur than the graph covers: never a capture here (ViewGraph says why)
+        made = jittered_and_blurred(batch_of(), p, out_size, dtype, drew)
     return finish(*made, channels_last, back)
 
 
@@ -476,15 +482,15 @@ def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size
     sides = [view_side(r, out_size) for r in recipes]
     # The views of each side, made as one batch: every two-view method's are one side, so one pass makes both.
     by_side = [[v for v, s in enumerate(sides) if s == side] for side in dict.fromkeys(sides)]
-    blurs = [any(recipes[v].blur_p > 0 for v in which) for which in by_side]  # a side blurs if any of its recipes can
+    covers = [blur_cover(np.repeat([recipes[v].blur_p for v in which], per_rank)) for which in by_side]
 
     def make(b: int) -> list[torch.Tensor]:
         drawn = draw_params(batch_size, recipes, src, seed, epoch, b)
         views: list = [None] * len(recipes)
-        for which, blur in zip(by_side, blurs):
+        for which, cover in zip(by_side, covers):
             p = rows_of(drawn, which, rows)
             idx = torch.from_numpy(np.tile(order[b, rows], len(which)))  # these views of this rank's images
-            x = side_views(images, idx, p, sides[which[0]], blur, dtype, channels_last, device, graphs)
+            x = side_views(images, idx, p, sides[which[0]], cover, dtype, channels_last, device, graphs)
             for v, part in zip(which, x.split(per_rank)):
                 views[v] = part
         return views

@@ -284,29 +284,28 @@ def test_blurred_first_puts_the_images_that_drew_the_blur_first_and_back_undoes_
     idx = torch.arange(1000, 1150)
     drew = np.asarray(p["blur"], bool)
     assert 30 < drew.sum() < 120
-    idx2, p2, rows, back = device_augment.blurred_first(idx, p)
-    count = int(drew.sum())
+    idx2, p2, count, back = device_augment.blurred_first(idx, p)
+    assert count == drew.sum()
     assert np.asarray(p2["blur"], bool)[:count].all() and not np.asarray(p2["blur"], bool)[count:].any()
-    assert rows == -(-count // device_augment.BLUR_STEP) * device_augment.BLUR_STEP and count <= rows < 150
     assert torch.equal(idx2[torch.from_numpy(back)], idx)  # back puts every row where it was
     for k in p:  # each image keeps its own parameters
         np.testing.assert_array_equal(np.asarray(p2[k])[back], np.asarray(p[k]))
-    # every image blurred, or none: all rows, or none, go through the products
+    # every image blurred, or none
     assert device_augment.blurred_first(idx, {**p, "blur": np.ones(150, bool)})[2] == 150
     assert device_augment.blurred_first(idx, {**p, "blur": np.zeros(150, bool)})[2] == 0
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_views_blurred_first_are_the_views_blurred_in_full(channels_last):
-    """side_views blurs only the images that drew the blur (and the few rows up to BLUR_STEP after them), made in
-    that order and put back: the same views, bit for bit, as every image through the products in the order given."""
+    """side_views blurs only the images that drew the blur, made in that order and put back: the same views, bit
+    for bit, as every image through the products in the order given."""
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (100, 3, 40, 40), dtype=torch.uint8, generator=g)
     recipe = dataclasses.replace(augment.recipes_for("byol", 96)[1], blur_p=0.4)  # solarize too: rows read back
     p = augment.sample_params(160, recipe, 40, np.random.default_rng(1))
     idx = torch.randint(0, 100, (160,), generator=g)
     assert device_augment.blurred_first(idx, p)[2] < 160  # images left out of the products
-    got = device_augment.side_views(images, idx, p, 40, True, torch.float32, channels_last, torch.device("cpu"))
+    got = device_augment.side_views(images, idx, p, 40, 120, torch.float32, channels_last, torch.device("cpu"))
     full = device_augment.finish(*device_augment.jittered_and_blurred(images[idx], p, 40), channels_last)
     assert torch.equal(got, full)
     layout = torch.channels_last if channels_last else torch.contiguous_format
@@ -314,6 +313,35 @@ def test_views_blurred_first_are_the_views_blurred_in_full(channels_last):
     unblurred = device_augment.finish(*device_augment.jittered_and_blurred(images[idx], p, 40, blur_rows=0),
                                       channels_last)
     assert not torch.equal(got, unblurred)  # the blur was drawn and done
+
+
+def test_blur_rows_past_those_that_drew_it_leave_the_views_as_they_were():
+    """A ViewGraph blurs a fixed number of rows (blur_cover), more than drew the blur in most batches: the rows
+    past the count carry the identity kernel and come out bit for bit as without the products."""
+    g = torch.Generator().manual_seed(2)
+    images = torch.randint(0, 256, (48, 3, 40, 40), dtype=torch.uint8, generator=g)
+    recipe = dataclasses.replace(augment.recipes_for("simclr", 32)[0], blur_p=0.5)
+    idx, p, drew, _ = device_augment.blurred_first(torch.arange(48),
+                                                   augment.sample_params(48, recipe, 40, np.random.default_rng(3)))
+    assert 5 < drew < 40
+    exact = device_augment.jittered_and_blurred(images[idx], p, 32, blur_rows=drew)
+    for rows in (drew + 1, 40, 48):
+        covered = device_augment.jittered_and_blurred(images[idx], p, 32, blur_rows=rows)
+        assert torch.equal(covered[0], exact[0]) and torch.equal(covered[1], exact[1])
+
+
+def test_blur_cover_is_the_count_mean_and_five_deviations():
+    """The rows a side's graph blurs: 0 where nothing can blur, every row where every view must, and for SimCLR's
+    two views of 256 images at 0.5 the mean 256 + 5 x 11.3; counts drawn from those odds stay under it."""
+    assert device_augment.blur_cover(np.zeros(512)) == 0
+    assert device_augment.blur_cover(np.ones(300)) == 300
+    simclr = np.full(512, 0.5)
+    assert device_augment.blur_cover(simclr) == int(np.ceil(256 + 5 * np.sqrt(128)))  # 313
+    byol = np.repeat([1.0, 0.1], 256)  # BYOL's first view always blurs, its second at 0.1
+    assert device_augment.blur_cover(byol) == int(np.ceil(256 + 25.6 + 5 * np.sqrt(256 * 0.09)))
+    assert device_augment.blur_cover(np.full(8, 0.5)) == 8  # never more rows than the side has
+    counts = (np.random.default_rng(0).random((20_000, 512)) < 0.5).sum(1)
+    assert counts.max() <= device_augment.blur_cover(simclr)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
@@ -342,8 +370,8 @@ def test_graphed_views_are_the_eager_views_on_cuda(on_side_stream):
 
 def blurred_first_steps(dev: torch.device):
     """The blurred-first CUDA test's input: (uint8 images, idx: 80 images' two views, then (method, count, p) per
-    step), with counts of blurred views that need 64, 128 and 160 rows, then 128 again. Also read by
-    benchmarks/results/h100-views-blurred-first/diag_views.py, which tells why graphed views could differ."""
+    step), with 10, 70, 150 and 70 of the 160 views blurred. Also read by
+    benchmarks/results/h100-views-blurred-first/diag_views.py (in the tree that folder's README names)."""
     images = torch.randint(0, 256, (100, 3, 72, 72), dtype=torch.uint8, device=dev)
     idx = torch.arange(80).repeat(2)
     rng = np.random.default_rng(0)
@@ -362,21 +390,57 @@ def blurred_first_steps(dev: torch.device):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_graphed_side_views_blurred_first_are_the_eager_ones_on_cuda():
-    """The training path: side_views with the images that drew the blur first, eager and through the ViewGraphs of
-    each blur_rows, which share one memory pool: counts that need 64, 128 and 160 rows, then 128 again (a graph
-    replayed after another captured later), each equal to the eager views."""
+    """The training path: side_views with the images that drew the blur first, eager and through the one ViewGraph
+    whose blur covers 120 rows: counts of 10, 70 and 150 (past the cover: made eager, no capture), each equal to
+    the eager views; one graph captured in all."""
     device_augment.forget_graphs()
     dev = torch.device("cuda")
     images, idx, steps = blurred_first_steps(dev)
     stream = torch.cuda.Stream(dev)
     stream.wait_stream(torch.cuda.current_stream(dev))
     for method, count, p in steps:
-        assert device_augment.blurred_first(idx, p)[2] == min(160, -(-count // 64) * 64)
+        assert device_augment.blurred_first(idx, p)[2] == count
         with torch.cuda.stream(stream):  # compared on the stream that made them, after them
-            made = [device_augment.side_views(images, idx, p, 96, True, torch.float16, True, dev, graphs=graphs)
+            made = [device_augment.side_views(images, idx, p, 96, 120, torch.float16, True, dev, graphs=graphs)
                     for graphs in (False, True)]
             assert torch.equal(*made), (method, count)
-    assert len({key[-1] for key in device_augment._graphs}) == 3 and len(device_augment._pools) == 1
+    assert [key[-1] for key in device_augment._graphs] == [120]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_no_view_graph_is_captured_after_the_first_batch_on_cuda():
+    """A capture on the views' worker thread beside a training step that draws random numbers fails that step
+    (ViewGraph says why), so every ViewGraph is captured at the first batch, on the calling thread: over an epoch
+    of SimCLR's and BYOL's views at 96 px, whose blurred counts vary, the graphs after the first batch are the
+    graphs at the end; and a graph replayed on this thread with dropout inside runs beside them throughout."""
+    dev = torch.device("cuda")
+    images = torch.randint(0, 256, (1024, 3, 112, 112), dtype=torch.uint8, device=dev)
+    layer = torch.nn.Dropout(0.5)
+    x = torch.ones(1024, device=dev)
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(stream):
+        layer(x)  # warm-up before the capture, as torch asks
+    stream.synchronize()
+    drops = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(drops):
+        dropped = layer(x)
+    for method in ("simclr", "byol"):
+        device_augment.forget_graphs()
+        recipes = augment.recipes_for(method, 96)
+        counts = {int(np.asarray(device_augment.draw_params(256, recipes, 112, 0, 0, b)["blur"], bool).sum())
+                  for b in range(4)}
+        assert len(counts) == 4  # SimCLR's 258, 276, 248, 265: a graph per count drawn would capture mid-epoch
+        batches = device_augment.device_view_batches(images, recipes, 96, 256, 0, 0, 0, dev, channels_last=True,
+                                                     graphs=True)
+        next(batches)
+        first = list(device_augment._graphs)
+        assert len(first) == 1  # one side (both views), one graph
+        for _ in batches:
+            drops.replay()  # a training step's random draws, replayed while the worker makes the next views
+        torch.cuda.synchronize()
+        assert list(device_augment._graphs) == first, method
+        assert 0 < dropped.count_nonzero() < 1024
 
 
 def test_colour_clamps_its_input_before_any_blend():
