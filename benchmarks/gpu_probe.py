@@ -58,7 +58,7 @@ for method, src, out, batch in [("simclr", 256, 224, 256), ("simclr", 32, 32, 51
     p = device_augment.rows_of(device_augment.draw_params(batch, recipes, src, 0, 0, 1), list(range(len(recipes))),
                                slice(0, batch))
     idx = torch.arange(batch).repeat(len(recipes))
-    cover = device_augment.blur_cover(np.repeat([r.blur_p for r in recipes], batch))  # as device_view_batches'
+    cover = device_augment.blur_cover([r.blur_p for r in recipes], batch)
     views = functools.partial(device_augment.side_views, images, idx, p, out, cover, torch.float16, True, dev)
     eager, graphed = functools.partial(views, graphs=False), functools.partial(views, graphs=True)
     same = torch.equal(eager(), graphed())

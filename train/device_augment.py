@@ -302,16 +302,18 @@ def blurred_first(idx: torch.Tensor, p: dict) -> tuple[torch.Tensor, dict, int, 
         np.argsort(first)
 
 
-def blur_cover(probs) -> int:
-    """How many rows, from the first, a side's CUDA graph puts through the blur: `probs` holds each of the side's
-    views' chance to draw it. The count drawn is a sum of such draws, and its mean + 5 standard deviations is
-    passed by fewer than 2 batches in a million (binomial tails: SimCLR's 1.7e-7, BYOL's 1.5e-6), which are made
-    eager; the rows past the count carry the identity kernel, bit for bit. 0 for a side that never blurs. One number per side, so its graph is captured once, at
-    the first batch (ViewGraph says why never later)."""
+def blur_cover(probs, images: int) -> int:
+    """How many rows, from the first, a side's CUDA graph puts through the blur: `probs` holds the chance to draw
+    it of each of the side's views, each view made for `images` images. The count drawn is a sum of such draws,
+    and its mean + 5 standard deviations is passed by fewer than 2 batches in a million (binomial tails: SimCLR's
+    1.7e-7, BYOL's 1.5e-6, docs/benchmarks.md), which are made eager; the rows past the count carry the identity
+    kernel, bit for bit. 0 for a side that never blurs. One number per side, so its graph is captured once, at the
+    first batch (ViewGraph says why never later)."""
     probs = np.asarray(probs, np.float64)
     if not probs.any():
         return 0
-    return min(len(probs), int(np.ceil(probs.sum() + 5 * np.sqrt((probs * (1 - probs)).sum()))))
+    mean, var = images * probs.sum(), images * (probs * (1 - probs)).sum()
+    return min(images * len(probs), int(np.ceil(mean + 5 * np.sqrt(var))))
 
 
 class ViewGraph:
@@ -482,7 +484,7 @@ def device_view_batches(images: torch.Tensor, recipes, out_size: int, batch_size
     sides = [view_side(r, out_size) for r in recipes]
     # The views of each side, made as one batch: every two-view method's are one side, so one pass makes both.
     by_side = [[v for v, s in enumerate(sides) if s == side] for side in dict.fromkeys(sides)]
-    covers = [blur_cover(np.repeat([recipes[v].blur_p for v in which], per_rank)) for which in by_side]
+    covers = [blur_cover([recipes[v].blur_p for v in which], per_rank) for which in by_side]
 
     def make(b: int) -> list[torch.Tensor]:
         drawn = draw_params(batch_size, recipes, src, seed, epoch, b)

@@ -333,15 +333,15 @@ def test_blur_rows_past_those_that_drew_it_leave_the_views_as_they_were():
 def test_blur_cover_is_the_count_mean_and_five_deviations():
     """The rows a side's graph blurs: 0 where nothing can blur, every row where every view must, and for SimCLR's
     two views of 256 images at 0.5 the mean 256 + 5 x 11.3; counts drawn from those odds stay under it."""
-    assert device_augment.blur_cover(np.zeros(512)) == 0
-    assert device_augment.blur_cover(np.ones(300)) == 300
-    simclr = np.full(512, 0.5)
-    assert device_augment.blur_cover(simclr) == int(np.ceil(256 + 5 * np.sqrt(128)))  # 313
-    byol = np.repeat([1.0, 0.1], 256)  # BYOL's first view always blurs, its second at 0.1
-    assert device_augment.blur_cover(byol) == int(np.ceil(256 + 25.6 + 5 * np.sqrt(256 * 0.09)))
-    assert device_augment.blur_cover(np.full(8, 0.5)) == 8  # never more rows than the side has
+    assert device_augment.blur_cover([0.0, 0.0], 256) == 0
+    assert device_augment.blur_cover([1.0], 300) == 300
+    simclr = [0.5, 0.5]  # two views
+    assert device_augment.blur_cover(simclr, 256) == int(np.ceil(256 + 5 * np.sqrt(128)))  # 313
+    byol = [1.0, 0.1]  # BYOL's first view always blurs, its second at 0.1
+    assert device_augment.blur_cover(byol, 256) == int(np.ceil(256 + 25.6 + 5 * np.sqrt(256 * 0.09)))
+    assert device_augment.blur_cover([0.5], 8) == 8  # never more rows than the side has
     counts = (np.random.default_rng(0).random((20_000, 512)) < 0.5).sum(1)
-    assert counts.max() <= device_augment.blur_cover(simclr)
+    assert counts.max() <= device_augment.blur_cover(simclr, 256)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
