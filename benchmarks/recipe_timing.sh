@@ -40,42 +40,13 @@ for r in $(seq 1 "$REPEATS"); do
       --epochs "$EPOCHS" --batch-size "$BATCH" --device "$DEVICE" --seed 0 --out "$run" > "$log" 2>&1
     t1=$(date +%s%N)
     steps=$(sed -n 's|^done: step \([0-9]*\)/.*|\1|p' "$log")
-    # Where the wall time went, from the run's metrics.jsonl (one line every log_every steps, each with its
-    # window's img/s): train_s is the steps' time, first_s the first window's (graph capture and warm-up in it),
-    # img_s the median of the later windows'; wall - train_s is start-up, data loading and the checkpoint.
-    split=$($PY - "$run/metrics.jsonl" "$BATCH" <<'PYEOF'
-import json, statistics, sys
-rows = [json.loads(line) for line in open(sys.argv[1]) if '"img_s"' in line]
-batch, last, secs = int(sys.argv[2]), 0, []
-for row in rows:
-    secs.append((row["step"] - last) * batch / row["img_s"])
-    last = row["step"]
-later = [row["img_s"] for row in rows[1:]] or [0.0]
-print(json.dumps({"train_s": round(sum(secs), 3), "first_s": round(secs[0] if secs else 0.0, 3),
-                  "img_s": round(statistics.median(later), 1)})[1:-1])
-PYEOF
-    ) || split='"train_s": null'
+    # Where the wall time went, from the run's metrics.jsonl (benchmarks/timing_split.py): the steps' time, the
+    # first window's share of it, the steady img/s; wall - train_s is start-up, data loading and the checkpoint.
+    split=$($PY benchmarks/timing_split.py split "$run/metrics.jsonl" "$BATCH") || split='"train_s": null'
     echo "{\"method\": \"$m\", \"repeat\": $r, \"wall_s\": $(( (t1 - t0) / 1000000 ))e-3, \"steps\": ${steps:-0}, $split}" \
       | tee -a "$OUT/timing.jsonl"
     cp "$run/metrics.jsonl" "$OUT/logs/$m-$r.metrics.jsonl" 2>/dev/null || true
     rm -rf "$run/checkpoints"  # 100-400 MB a run, and only the time is wanted
   done
 done
-$PY - "$OUT/timing.jsonl" "$DATASET" "$EPOCHS" "$BATCH" "$DEVICE" <<'EOF' | tee "$OUT/timing.txt"
-import json, statistics, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-print(f"wall time of the whole command, {sys.argv[2]}, {sys.argv[3]} epochs, batch {sys.argv[4]}, {sys.argv[5]}")
-print(f"{'method':8} {'runs':>4} {'steps':>6} {'median s':>9} {'min s':>7} {'max s':>7} {'train s':>8} {'first s':>8} "
-      f"{'img/s':>8} {'other s':>8}")
-med = lambda rs, k: statistics.median(r[k] for r in rs) if all(r.get(k) is not None for r in rs) else float("nan")
-for m in dict.fromkeys(r["method"] for r in rows):
-    rs = [r for r in rows if r["method"] == m]
-    t = [r["wall_s"] for r in rs]
-    steps = {r["steps"] for r in rs}
-    other = [r["wall_s"] - r["train_s"] for r in rs if r.get("train_s") is not None] or [float("nan")]
-    print(f"{m:8} {len(t):>4} {'/'.join(map(str, sorted(steps))):>6} {statistics.median(t):>9.1f} {min(t):>7.1f} "
-          f"{max(t):>7.1f} {med(rs, 'train_s'):>8.1f} {med(rs, 'first_s'):>8.1f} {med(rs, 'img_s'):>8,.0f} "
-          f"{statistics.median(other):>8.1f}")
-print("train s: the steps' time from metrics.jsonl (first s of it: the first window, capture and warm-up); img/s: "
-      "median of the later windows; other s: wall - train (start-up, data loading, checkpoint); all medians")
-EOF
+$PY benchmarks/timing_split.py table "$OUT/timing.jsonl" "$DATASET" "$EPOCHS" "$BATCH" "$DEVICE" | tee "$OUT/timing.txt"
