@@ -26,7 +26,8 @@ def split(rows: list[dict], batch: int) -> dict:
 
 def table(rows: list[dict], dataset: str, epochs: str, batch: str, device: str) -> str:
     """The medians per method, in the order the methods first ran; other s is wall - train (start-up, data
-    loading, the last checkpoint). A run whose split failed (train_s null) makes its method's split columns nan."""
+    loading, the model's compile and graph capture, which run before the first step, and the last checkpoint).
+    A run whose split failed (train_s null) makes its method's split columns nan."""
     def med(rs, key):
         return statistics.median(r[key] for r in rs) if all(r.get(key) is not None for r in rs) else math.nan
 
@@ -42,7 +43,8 @@ def table(rows: list[dict], dataset: str, epochs: str, batch: str, device: str) 
                    f"{med(rs, 'train_s'):>8.1f} {med(rs, 'first_s'):>8.1f} {med(rs, 'img_s'):>8,.0f} "
                    f"{statistics.median(other):>8.1f}")
     out.append("train s: the steps' time from metrics.jsonl (first s of it: the first window, capture and warm-up); "
-               "img/s: median of the later windows; other s: wall - train (start-up, data loading, checkpoint); "
+               "img/s: median of the later windows; other s: wall - train (start-up, data loading, the model's "
+               "compile and graph capture, checkpoint); "
                "all medians")
     return "\n".join(out)
 
