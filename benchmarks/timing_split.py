@@ -1,6 +1,7 @@
 """Where a pretraining run's wall time went, for benchmarks/recipe_timing.sh: from the run's metrics.jsonl (one line
-every log_every steps, each with its window's img/s), the steps' time, the first window's share of it (graph capture
-and warm-up) and the steady img/s; and the table of the runs' medians per method.
+every log_every steps, each with its window's img/s), the steps' time, the first window's share of it (the views'
+graph capture and the first steps' warm-up: the model's own compile and capture run before the first step) and the
+steady img/s; and the table of the runs' medians per method.
 
     python3 benchmarks/timing_split.py split RUN/metrics.jsonl BATCH       # one JSON object's fields, no braces
     python3 benchmarks/timing_split.py table timing.jsonl DATASET EPOCHS BATCH DEVICE
@@ -13,7 +14,8 @@ import sys
 
 def split(rows: list[dict], batch: int) -> dict:
     """train_s: the steps' time, each window's steps x batch / its img/s; first_s: the first window's; img_s: the
-    median of the later windows' img/s (the first holds the capture and warm-up). Rows without img_s are skipped."""
+    median of the later windows' img/s (the first holds the views' capture and warm-up). Rows without img_s (pretrain
+    writes none, but such a line would carry no time) are skipped."""
     rows = [r for r in rows if "img_s" in r]
     last, secs = 0, []
     for row in rows:
@@ -42,10 +44,9 @@ def table(rows: list[dict], dataset: str, epochs: str, batch: str, device: str) 
         out.append(f"{m:8} {len(t):>4} {steps:>6} {statistics.median(t):>9.1f} {min(t):>7.1f} {max(t):>7.1f} "
                    f"{med(rs, 'train_s'):>8.1f} {med(rs, 'first_s'):>8.1f} {med(rs, 'img_s'):>8,.0f} "
                    f"{statistics.median(other):>8.1f}")
-    out.append("train s: the steps' time from metrics.jsonl (first s of it: the first window, capture and warm-up); "
-               "img/s: median of the later windows; other s: wall - train (start-up, data loading, the model's "
-               "compile and graph capture, checkpoint); "
-               "all medians")
+    out.append("train s: the steps' time from metrics.jsonl (first s of it: the first window, the views' capture and "
+               "warm-up); img/s: median of the later windows; other s: wall - train (start-up, data loading, the "
+               "model's compile and graph capture, checkpoint); all medians")
     return "\n".join(out)
 
 
@@ -58,5 +59,7 @@ if __name__ == "__main__":
     verb, path, *rest = sys.argv[1:]
     if verb == "split":
         print(json.dumps(split(_rows(path), int(rest[0])))[1:-1])
-    else:
+    elif verb == "table":
         print(table(_rows(path), *rest))
+    else:
+        sys.exit(f"timing_split: unknown verb {verb!r}: split or table")

@@ -40,3 +40,9 @@ def test_split_from_the_command_line_is_one_json_objects_fields(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "timing_split.py"), "split", str(metrics), "100"],
                          capture_output=True, text=True, check=True).stdout
     assert json.loads("{" + out + "}") == {"train_s": 3.5, "first_s": 2.0, "img_s": 1000.0}
+
+
+def test_an_unknown_verb_fails_with_one_line():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "timing_split.py"), "splt", "x.jsonl", "100"],
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and done.stderr.strip() == "timing_split: unknown verb 'splt': split or table"
