@@ -107,10 +107,21 @@ def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, chann
     backbone.forward = by_shape(backbone.forward, eager, sample.shape)
 
 
+def quiet_grad_stream_warning() -> None:
+    """A capture's warm-up runs on a side stream, and autograd remembers that stream for each parameter's gradient
+    accumulator: a later backward on another stream adds a GPU-side event wait per parameter (no host wait) and
+    torch warns once, already during the capture. Expected, so not shown: the switch torch offers where it has one,
+    and a filter for exactly that message (its first sentence), both set before the capture."""
+    if hasattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch"):
+        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
+    warnings.filterwarnings("ignore", message=r"The AccumulateGrad node's stream does not match the stream of the "
+                                              r"node that produced the incoming gradient", category=UserWarning)
+
+
 def capture(module: torch.nn.Module, inputs: int, batch: int, image_size: int, channels_last: bool,
             amp=contextlib.nullcontext()) -> tuple[torch.Tensor, ...]:
     """make_graphed_callables(module, samples), in place, for `inputs` sample batches of `batch` images (returned):
-    what graph_backbone and graph_loss share. The capture's warm-up passes move the BatchNorm statistics; they are
+    what graph_backbone does. The capture's warm-up passes move the BatchNorm statistics; they are
     put back, so training starts exactly where it would have."""
     device = next(module.parameters()).device
     saved = [b.detach().clone() for b in module.buffers()]
@@ -118,15 +129,7 @@ def capture(module: torch.nn.Module, inputs: int, batch: int, image_size: int, c
     own = torch.Generator(device).manual_seed(0)  # not the global CUDA generator: its state is the run's
     samples = tuple(torch.randn(batch, 3, image_size, image_size, device=device, generator=own)
                     .contiguous(memory_format=fmt) for _ in range(inputs))
-    # The capture's warm-up runs on make_graphed_callables' own stream, and autograd remembers that stream for each
-    # parameter's gradient accumulator: every backward then adds a GPU-side event wait per parameter (no host
-    # wait, so no cost a step shows: docs/benchmarks.md) and torch warns once, already during the capture. Expected
-    # here, so not shown: the switch torch offers where it has one, and a filter for exactly that message (its
-    # first sentence), both set before the capture.
-    if hasattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch"):
-        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
-    warnings.filterwarnings("ignore", message=r"The AccumulateGrad node's stream does not match the stream of the "
-                                              r"node that produced the incoming gradient", category=UserWarning)
+    quiet_grad_stream_warning()
     with amp:
         torch.cuda.make_graphed_callables(module, samples)
     with torch.no_grad():
@@ -144,49 +147,67 @@ def loss_graphable(model: torch.nn.Module, sizes: tuple[int, ...], world: int) -
     return world == 1 and len(set(sizes)) == 1 and getattr(model, "loss_capturable", False)
 
 
-def graph_loss(model: torch.nn.Module, views: int, batch: int, image_size: int, channels_last: bool, precision) -> None:
-    """Capture the method's whole loss, forward and backward, for `views` batches of `batch` images each: every view
-    through the backbone, the heads, a momentum branch and the loss (torch.cuda.make_graphed_callables). With the
-    backbone alone in a graph, a small-image step of a mobile net is bound by the host's launches outside it: the
-    heads, the loss, their backward and a momentum branch run layer by layer from Python (MobileNetV3-Small at
-    32 px: 14.7 ms of host time a step for 6.1 ms of GPU work, docs/benchmarks.md). Captured, the step is two graph
-    launches plus the optimizer's and the momentum update's multi-tensor ops, which stay outside: the learning
-    rate and the momentum change every step as Python numbers, which a graph would hold fixed.
+class LossGraph:
+    """The method's whole loss, forward and backward, captured as one CUDA graph for `views` batches of `batch`
+    images each: every view through the backbone, the heads, a momentum branch and the loss, and the backward
+    writing each parameter's gradient. With the backbone alone in a graph, a small-image step of a mobile net is
+    bound by the host's launches outside it: the heads, the loss, their backward and a momentum branch run layer by
+    layer from Python (MobileNetV3-Small at 32 px: 14.7 ms of host time a step for 6.1 ms of GPU work,
+    docs/benchmarks.md). Called, it copies the views into the graph's inputs and replays it: afterwards every
+    trained parameter's .grad holds this step's gradient (the tensors the capture allocated, rewritten by each
+    replay: nothing may set them to None), and the optimizer's and the momentum update's multi-tensor ops follow
+    outside, since the learning rate and the momentum change every step as Python numbers, which a graph would hold
+    fixed.
 
-    In place, like graph_backbone: the model keeps its parameters and state_dict, its forward replays the graph
-    for views of the captured shapes in training mode with gradients on (by_views) and runs the plain forward for
-    anything else. The BatchNorm statistics the capture moves are put back, the momentum branch's too (capture)."""
-    eager = model.forward  # the plain forward, before it is replaced
-    loss = _Loss(model, eager, precision)  # its buffers are the model's
-    samples = capture(loss, views, batch, image_size, channels_last)  # the forward enters its own autocast regions
-    model.forward = by_views(loss, eager, model, [s.shape for s in samples])
+    Captured by hand rather than through torch.cuda.make_graphed_callables: that one hands the backward's
+    gradients to autograd, which then accumulates each parameter's into its .grad outside the graph, a copy and a
+    stream wait per parameter launched from Python every step: the costliest part of a MobileNetV3-Small step's
+    host time at 32 px, and 4-5 % of its speed (docs/benchmarks.md, "The whole loss captured by hand"). The model
+    itself is not changed: its forward
+    stays the plain one (evaluation, a batch of another shape). The BatchNorm statistics and the momentum branch the
+    warm-up passes move are put back, so training starts exactly where it would have."""
+
+    WARMUP = 3  # eager passes on a side stream before the capture (cuDNN's autotuning, lazy state), as torch's docs do
+
+    def __init__(self, model: torch.nn.Module, views: int, batch: int, image_size: int, channels_last: bool,
+                 precision):
+        device = next(model.parameters()).device
+        saved = [b.detach().clone() for b in model.buffers()]
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        own = torch.Generator(device).manual_seed(0)  # not the global CUDA generator: its state is the run's
+        self.inputs = [torch.randn(batch, 3, image_size, image_size, device=device, generator=own)
+                       .contiguous(memory_format=fmt) for _ in range(views)]
+        quiet_grad_stream_warning()
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(self.WARMUP):
+                model.zero_grad(set_to_none=True)
+                model(self.inputs, precision).backward()
+        torch.cuda.current_stream(device).wait_stream(side)
+        model.zero_grad(set_to_none=True)  # the capture's backward allocates each .grad in the graph's memory
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            loss = model(self.inputs, precision)
+            loss.backward()
+        self.loss = loss.detach()
+        with torch.no_grad():
+            for b, s in zip(model.buffers(), saved):
+                b.copy_(s)  # in place: the graph holds these addresses
+
+    def __call__(self, views: list[torch.Tensor]) -> torch.Tensor:
+        """Forward and backward of these views (the captured shapes); the loss as a tensor of its own (the graph
+        rewrites its buffer at every replay, and the training loop reads a step's loss after the next has run)."""
+        for static, v in zip(self.inputs, views):
+            static.copy_(v)
+        self.graph.replay()
+        return self.loss.clone()
 
 
-class _Loss(torch.nn.Module):
-    """The method's loss as a module of its views alone (make_graphed_callables passes tensors only). The method is
-    its one submodule, so every parameter the loss trains is one the capture takes a gradient for."""
-
-    def __init__(self, model: torch.nn.Module, eager, precision):
-        super().__init__()
-        self.model = model
-        self.eager, self.precision = eager, precision
-
-    def forward(self, *views: torch.Tensor) -> torch.Tensor:
-        return self.eager(list(views), self.precision)
-
-
-def by_views(graphed, eager, model: torch.nn.Module, shapes: list[torch.Size]):
-    """The method's forward(views, precision) once graph_loss captured it: the graph for views of the captured
-    shapes while the model trains with gradients on, the plain forward otherwise (an evaluation in eval mode, a
-    batch of another size). The graph writes its loss into the same buffer at every replay and the training loop
-    reads a step's loss after the next step has run, so the loss is handed out as a copy."""
-
-    def forward(views: list[torch.Tensor], precision) -> torch.Tensor:
-        if model.training and torch.is_grad_enabled() and [v.shape for v in views] == shapes:
-            return graphed(*views).clone()
-        return eager(views, precision)
-
-    return forward
+def graph_loss(model: torch.nn.Module, views: int, batch: int, image_size: int, channels_last: bool,
+               precision) -> LossGraph:
+    """The method's whole loss captured for `views` batches of `batch` images (LossGraph); train_step replays it."""
+    return LossGraph(model, views, batch, image_size, channels_last, precision)
 
 
 def by_shape(graphed, eager, shape: torch.Size):
@@ -239,6 +260,7 @@ class Training:
     captured: str = ""  # what the CUDA graphs hold: "whole loss" (graph_loss), "backbone" (graph_backbone) or none
     compiled: bool = False  # the backbone's forward through torch.compile (use_compile)
     grads: torch.Tensor | None = None  # several processes without SyncBN: the flat gradient buffer averaged each step
+    loss_graph: "LossGraph | None" = None  # the whole loss captured (graph_loss): forward and backward in one replay
 
     @property
     def cuda_graphs(self) -> bool:
@@ -265,11 +287,11 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
     compiled = use_compile(cfg.compile, cfg.backbone, graphs, world)
     if compiled:  # the forward alone, so the graphs below capture the compiled kernels; state_dict keys stay
         model.backbone.forward = torch.compile(model.backbone.forward)
-    captured = ""
+    captured, loss_graph = "", None
     if graphs:
         sizes = augment.view_sizes(cfg.method, cfg.image_size)
-        if loss_graphable(model, sizes, world):  # forward and backward of the whole loss: two launches a step
-            graph_loss(model, len(sizes), cfg.batch_size, cfg.image_size, channels_last, precision)
+        if loss_graphable(model, sizes, world) and not precision.needs_grad_scaler:  # the whole loss: one launch a step
+            loss_graph = graph_loss(model, len(sizes), cfg.batch_size, cfg.image_size, channels_last, precision)
             captured = "whole loss"
         else:  # the views at the run's size of this process's images go through the backbone as one batch
             full = sizes.count(cfg.image_size)
@@ -288,7 +310,7 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
         else:  # one all-reduce of one flat buffer after the (graphed) backward: see distributed.flat_gradients
             grads = distributed.flat_gradients(model.parameters())
     return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last, captured,
-                    compiled, grads), feat_dim
+                    compiled, grads, loss_graph), feat_dim
 
 
 def fp32_backbone(t: Training) -> torch.nn.Module:
@@ -303,14 +325,17 @@ def train_step(t: Training, views: list[torch.Tensor], step: int) -> torch.Tenso
     Returns the loss averaged over processes, detached and still on the device: reading it waits for the GPU, so
     the caller chooses when (the loop reads it a step late)."""
     dtype = t.precision.param_dtype  # the views come normalised in float32; an fp64 run takes them in float64
-    loss = t.forward([v.to(dtype) for v in views], t.precision)
-    if t.grads is None:
-        t.optimizer.zero_grad(set_to_none=True)
+    if t.loss_graph is not None:  # forward and backward in one replay, which rewrites every .grad (kept, never None)
+        loss = t.loss_graph([v.to(dtype) for v in views])
     else:
-        t.grads.zero_()  # the grads are views of this buffer: they must stay
-    t.scaler.scale(loss).backward()
-    if t.grads is not None:
-        distributed.average_(t.grads)
+        loss = t.forward([v.to(dtype) for v in views], t.precision)
+        if t.grads is None:
+            t.optimizer.zero_grad(set_to_none=True)
+        else:
+            t.grads.zero_()  # the grads are views of this buffer: they must stay
+        t.scaler.scale(loss).backward()
+        if t.grads is not None:
+            distributed.average_(t.grads)
     t.scaler.step(t.optimizer)
     t.scaler.update()
     t.scheduler.step()

@@ -1,6 +1,7 @@
 """The training step's views and CUDA graphs: what is captured, and what a call of another shape runs. Capturing
 needs CUDA (benchmarks/cuda_graph_check.py runs it there); the choices around it are checked here on the CPU."""
 
+import contextlib
 import dataclasses
 
 import torch
@@ -8,7 +9,7 @@ import torch
 from train import augment, training
 from train.configs import PretrainConfig
 from train.methods import byol
-from train.runspec import resolve
+from train.runspec import resolve, seed_everything
 
 
 def test_a_graphed_backbone_replays_its_captured_shape_and_runs_any_other_eagerly():
@@ -58,30 +59,120 @@ def test_the_whole_loss_is_captured_for_one_process_views_of_one_size_and_a_meth
     assert not training.loss_graphable(Method(), (32, 32), 1)
 
 
-def test_a_graphed_loss_replays_its_captured_shapes_in_training_and_hands_out_a_copy():
-    """The graph's loss buffer is rewritten at the next replay, which the loop runs before it reads a step's loss: a
-    copy goes out. Another shape, eval mode or no gradients take the plain forward."""
-    buffer, calls = torch.zeros(()), []
-    model = torch.nn.Linear(1, 1)
+class _Stream:  # torch.cuda's streams, on the CPU: LossGraph's stream choreography, as no-ops
+    def wait_stream(self, other):
+        pass
 
-    def graphed(*views):
-        calls.append("graph")
-        return buffer
 
-    forward = training.by_views(graphed, lambda views, precision: calls.append("eager") or torch.ones(()), model,
-                                [torch.Size((4, 3, 8, 8))] * 2)
-    same, other = [torch.zeros(4, 3, 8, 8)] * 2, [torch.zeros(4, 3, 8, 8), torch.zeros(4, 3, 4, 4)]
-    out = forward(same, None)
-    buffer.fill_(7.0)  # the next replay
-    assert out.item() == 0.0
-    forward(other, None)
-    with torch.no_grad():
-        forward(same, None)
-    model.eval()
-    forward(same, None)
-    model.train()
-    forward(same, None)
-    assert calls == ["graph", "eager", "eager", "eager", "graph"]
+def _cuda_on_the_cpu(monkeypatch, model) -> list:
+    """torch.cuda's streams and graph as CPU stand-ins under which LossGraph's capture runs its passes eagerly (the
+    real capture needs CUDA: benchmarks/cuda_graph_check.py runs it there). Returns the list the stand-in graph
+    notes each capture in, with whether every gradient of `model` was None as it began (else the captured backward
+    would add to the warm-up's gradients at every replay)."""
+    notes = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
+
+    @contextlib.contextmanager
+    def graph(g):
+        notes.append(("capture", g, all(p.grad is None for p in model.parameters())))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    return notes
+
+
+class _Method(torch.nn.Module):
+    """A method's shape: forward(views, precision) -> loss; a BatchNorm (statistics a warm-up moves) and a parameter
+    the loss never reads (it gets no gradient, as in an eager step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+        self.unused = torch.nn.Linear(2, 2)
+        self.passes = 0
+
+    def forward(self, views, precision):
+        self.passes += 1
+        return sum((self.net(v) ** 2).mean() for v in views)
+
+
+def test_the_loss_graph_captures_forward_and_backward_and_puts_back_what_its_warm_up_moved(monkeypatch):
+    """The capture (a stand-in here that runs its pass eagerly) follows the warm-up passes with the gradients set to
+    None, so its backward allocates every .grad the replays then rewrite; a parameter the loss never reads keeps
+    None (and every .grad is None as the capture begins). The warm-up's BatchNorm statistics are put back in place, the inputs come from the graph's own generator
+    (the run's is untouched) in the run's shape and memory format, and the loss it holds needs no gradient."""
+    torch.manual_seed(0)
+    model = _Method()
+    notes = _cuda_on_the_cpu(monkeypatch, model)
+    before = {k: v.clone() for k, v in model.net.state_dict().items()}
+    addresses = [b.data_ptr() for b in model.buffers()]
+    state = torch.get_rng_state()
+    g = training.LossGraph(model, 2, 5, 8, channels_last=True, precision=None)
+    assert notes == [("capture", "graph", True)] and model.passes == training.LossGraph.WARMUP + 1
+    assert torch.equal(torch.get_rng_state(), state)
+    assert [x.shape for x in g.inputs] == [torch.Size((5, 3, 8, 8))] * 2
+    assert all(x.is_contiguous(memory_format=torch.channels_last) for x in g.inputs)
+    assert not torch.equal(g.inputs[0], g.inputs[1])
+    assert all(torch.equal(before[k], v) for k, v in model.net.state_dict().items())
+    assert [b.data_ptr() for b in model.buffers()] == addresses
+    assert all(p.grad is not None for p in model.net.parameters())
+    assert all(p.grad is None for p in model.unused.parameters())
+    assert not g.loss.requires_grad
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src: self)  # the warm-up did move them: no put-back,
+    training.LossGraph(model, 2, 5, 8, channels_last=False, precision=None)  # and they differ
+    assert not torch.equal(before["1.running_mean"], model.net.state_dict()["1.running_mean"])
+
+
+class _Replay:
+    """A stand-in for a captured loss graph's replay on the CPU: what the captured kernels do, eagerly. The
+    forward and backward of the graph's inputs, each gradient written into the .grad the capture allocated, the
+    loss into its buffer."""
+
+    def __init__(self, model, precision, g):
+        self.model, self.precision, self.g = model, precision, g
+
+    def replay(self):
+        trained = [p for p in self.model.parameters() if p.grad is not None]
+        loss = self.model(self.g.inputs, self.precision)
+        for p, grad in zip(trained, torch.autograd.grad(loss, trained)):
+            p.grad.copy_(grad)
+        self.g.loss.copy_(loss.detach())
+
+
+def test_a_step_through_the_loss_graph_trains_as_the_eager_step(tiny_overrides):
+    """train_step with a captured loss (its replay a stand-in that runs the captured work eagerly) against the eager
+    step, from one init on the same views: the same losses and weights, bit for bit, for a method with a momentum
+    branch (BYOL). It copies the views into the graph's inputs, never drops a .grad the graph writes (the optimizer
+    reads them there), and hands out each step's loss as a copy (the next replay rewrites the buffer)."""
+    cfg = resolve(PretrainConfig(**{**tiny_overrides, "method": "byol"}))
+    runs = []
+    for graphed in (False, True):
+        seed_everything(0)
+        t, _ = training.build_training(cfg, torch.device("cpu"), 4)
+        t.model.train()
+        start = [p.detach().clone() for p in t.model.parameters()]
+        if graphed:
+            g = object.__new__(training.LossGraph)
+            g.inputs = [torch.zeros(8, 3, 16, 16) for _ in range(2)]
+            g.loss, g.graph = torch.zeros(()), _Replay(t.model, t.precision, g)
+            for p in t.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)  # what the capture's backward allocates
+            t.loss_graph, grads = g, [p.grad for p in t.model.parameters()]
+        views = torch.Generator().manual_seed(1)
+        batches = [[torch.randn(8, 3, 16, 16, generator=views) for _ in range(2)] for _ in range(3)]
+        losses = [training.train_step(t, batch, i) for i, batch in enumerate(batches)]
+        runs.append((losses, [p.detach().clone() for p in t.model.parameters()]))
+    (eager_losses, eager_weights), (graph_losses, graph_weights) = runs
+    assert [float(x) for x in graph_losses] == [float(x) for x in eager_losses]
+    assert len({float(x) for x in graph_losses}) == 3  # each step's own loss, not the buffer's last
+    assert not all(torch.equal(a, b) for a, b in zip(start, graph_weights))  # it trained
+    assert all(torch.equal(a, b) for a, b in zip(eager_weights, graph_weights))
+    assert all(p.grad is grad for p, grad in zip(t.model.parameters(), grads))  # none dropped, none replaced
+    assert all(torch.equal(x, v) for x, v in zip(g.inputs, batches[-1]))
 
 
 def test_a_capture_puts_back_the_batchnorm_statistics_its_warm_up_moved(monkeypatch):
