@@ -290,7 +290,8 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
     captured, loss_graph = "", None
     if graphs:
         sizes = augment.view_sizes(cfg.method, cfg.image_size)
-        if loss_graphable(model, sizes, world) and not precision.needs_grad_scaler:  # the whole loss: one launch a step
+        # The whole loss, one launch a step; not a scaled (fp16) loss, whose scale must reach autograd's backward
+        if loss_graphable(model, sizes, world) and not precision.needs_grad_scaler:
             loss_graph = graph_loss(model, len(sizes), cfg.batch_size, cfg.image_size, channels_last, precision)
             captured = "whole loss"
         else:  # the views at the run's size of this process's images go through the backbone as one batch

@@ -6,6 +6,7 @@ import dataclasses
 
 import torch
 
+from core.device import Precision
 from train import augment, training
 from train.configs import PretrainConfig
 from train.methods import byol
@@ -26,7 +27,8 @@ def test_a_graphed_backbone_replays_its_captured_shape_and_runs_any_other_eagerl
 def test_the_graph_captures_the_whole_loss_or_every_view_at_the_runs_size_as_one_batch(tiny_overrides, monkeypatch):
     """Two views at the run's size: the whole loss is captured, for two batches of the run's size. Three views at
     the run's size and two local ones: the backbone alone, for the three global views of the per-process batch,
-    concatenated, at the run's size. MoCo v3 with a key queue: the backbone alone, for both views."""
+    concatenated, at the run's size. MoCo v3 with a key queue, or a scaled (fp16) loss: the backbone alone, for both
+    views."""
     captured = []
     monkeypatch.setattr(training, "use_cuda_graphs", lambda *a, **k: True)
     monkeypatch.setattr(training, "graph_backbone", lambda backbone, batch, size, *a: captured.append(("backbone", batch, size)))
@@ -42,9 +44,15 @@ def test_the_graph_captures_the_whole_loss_or_every_view_at_the_runs_size_as_one
         t, _ = training.build_training(resolve(PretrainConfig(**{**tiny_overrides, "method": method, **extra})),
                                        torch.device("cpu"), 4)
         said.append(t.captured)
+    # A scaled loss (fp16 autocast, as on MPS): the scale must reach the backward through autograd, which the
+    # loss's graph leaves out, so the backbone alone is captured.
+    monkeypatch.setattr(training, "precision_for", lambda device, mode: Precision("cpu", torch.float16, None))
+    t, _ = training.build_training(resolve(PretrainConfig(**{**tiny_overrides, "method": "simclr"})),
+                                   torch.device("cpu"), 4)
+    said.append(t.captured)
     assert captured == [("loss", 2, 8, 16), ("backbone", 3 * 8, 16), ("loss", 2, 8, 16), ("loss", 2, 8, 16),
-                        ("backbone", 2 * 8, 16)]
-    assert said == ["whole loss", "backbone", "whole loss", "whole loss", "backbone"]
+                        ("backbone", 2 * 8, 16), ("backbone", 2 * 8, 16)]
+    assert said == ["whole loss", "backbone", "whole loss", "whole loss", "backbone", "backbone"]
 
 
 def test_the_whole_loss_is_captured_for_one_process_views_of_one_size_and_a_method_that_allows_it():
