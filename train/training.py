@@ -162,7 +162,7 @@ class LossGraph:
     Captured by hand rather than through torch.cuda.make_graphed_callables: that one hands the backward's
     gradients to autograd, which then accumulates each parameter's into its .grad outside the graph, a copy and a
     stream wait per parameter launched from Python every step: the costliest part of a MobileNetV3-Small step's
-    host time at 32 px, and 4-5 % of its speed (docs/benchmarks.md, "The whole loss captured by hand"). The model
+    host time at 32 px, and about 5 % of its speed (docs/benchmarks.md, "The whole loss captured by hand"). The model
     itself is not changed: its forward
     stays the plain one (evaluation, a batch of another shape). The BatchNorm statistics and the momentum branch the
     warm-up passes move are put back, so training starts exactly where it would have."""
