@@ -68,7 +68,8 @@ def fresh_masks() -> None:
     seed_everything(0)
     t, _ = build_training(cfg, device, steps_per_epoch=STEPS)
     t.model.train()
-    a, b = ((t.loss_graph(batches[0]) if t.loss_graph else t.forward(batches[0], t.precision)).item() for _ in range(2))
+    step = t.loss_graph or (lambda views: t.forward(views, t.precision))  # the whole loss's graph, or the backbone's
+    a, b = (step(batches[0]).item() for _ in range(2))
     print(f"stochastic depth on, graphed ({t.captured}): the same views twice give losses {a:.6f} and {b:.6f}, "
           f"{'fresh masks each replay' if a != b else 'THE SAME MASKS TWICE'}")
 
