@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import queue
 import threading
@@ -71,6 +72,24 @@ def rows_of(drawn: dict[str, np.ndarray], views: list[int], rows: slice) -> dict
     return {k: v[views, rows].reshape(-1, *v.shape[2:]) for k, v in drawn.items()}
 
 
+def _jitter_rounds() -> np.ndarray:
+    """(256, 6): for each order of the 4 jitter ops (its code: `order @ _ORDER_CODE`, base 4), the blend op of each
+    of the 6 slots, -1 where none: up to 3 blends before hue, then up to 3 after, hue itself once between (every order
+    holds it), empty slots identities. One hue pass for the batch instead of one per round (hue is the costly op).
+    There are 24 orders, so one table read per row replaces a dozen numpy calls on the host every step
+    (docs/benchmarks.md, "The views' parameters in one numpy pass")."""
+    rounds = np.full((256, 6), -1, np.int64)
+    for order in itertools.permutations(range(4)):
+        at = order.index(HUE)
+        before, after = order[:at], order[at + 1:]
+        rounds[np.dot(order, _ORDER_CODE)] = [*before, *[-1] * (3 - len(before)), *after, *[-1] * (3 - len(after))]
+    return rounds
+
+
+_ORDER_CODE = np.array([64, 16, 4, 1])
+_ROUNDS = _jitter_rounds()
+
+
 def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict]:
     """Parameter rows -> one float table of per-image numbers (it travels to the device in one copy) and its column
     slices. Every op has a column for every image, an identity where the image does not get it, so the work on the
@@ -78,29 +97,26 @@ def _plan(p: dict, out_size: int) -> tuple[np.ndarray, dict]:
     rounding of the float64 ones, as a float64 table cast once would round): this runs on the host every step."""
     p = {k: np.asarray(v) for k, v in p.items()}
     m = len(p["flip"])
-    # Each image's 4 jitter ops in its own order, split at hue (every order holds it): up to 3 blends before, the
-    # HSV hue step once, up to 3 blends after; empty slots are identities. One hue pass for the batch instead of
-    # one per round (hue is the costly op).
+    # Each image's 4 jitter ops in its own order, split at hue: its row of _ROUNDS (m, 6): the blend op of each slot.
     # (Row r's element j of an (m, w) array is element r * w + j of its flat copy: np.take of those flat indices
     # picks one element per row and slot in one call, several times faster than 2-d fancy indexing at these sizes.)
-    order, each = p["jitter_order"], np.arange(m)[:, None]
-    at_hue = np.argmax(order == HUE, axis=1)[:, None]  # position of hue in each order
-    slot = np.arange(3)[None, :]
-    before = np.where(slot < at_hue, order[:, :3], -1)
-    after = np.where(slot + at_hue + 1 < 4, np.take(order, each * 4 + np.minimum(slot + at_hue + 1, 3)), -1)
-    rounds = np.where(p["jitter"][:, None], np.concatenate([before, after], 1), -1)  # (m, 6): blend op per slot, -1 none
+    each = np.arange(m)[:, None]
+    rounds = np.where(p["jitter"][:, None], _ROUNDS[p["jitter_order"] @ _ORDER_CODE], -1)
     factor = np.stack([p["brightness"], p["contrast"], p["saturation"]], 1).astype(np.float64)
     a = np.where(rounds >= 0, np.take(factor, each * 3 + np.clip(rounds, 0, 2)), 1.0)
     k = augment.blur_kernel_size(out_size)
-    gauss = np.exp(-0.5 * ((np.arange(k) - k // 2)[None, :] / p["sigma"].astype(np.float64)[:, None]) ** 2)
+    # Not blurred: the kernel [0 .. 1 .. 0], which the blur's matrix products pass through exactly. A batch where no
+    # image drew the blur (every batch of a side that never blurs, such as every 32 px one) skips the Gaussians.
+    blur = np.asarray(p["blur"], bool)
+    kernels = np.broadcast_to(np.arange(k) == k // 2, (m, k))
+    if blur.any():
+        gauss = np.exp(-0.5 * ((np.arange(k) - k // 2)[None, :] / p["sigma"].astype(np.float64)[:, None]) ** 2)
+        kernels = np.where(blur[:, None], gauss / gauss.sum(1, keepdims=True), kernels)
     cols = {
         "crop": p["crop"], "flip": p["flip"],
         # brightness: a*x; contrast: a*x + (1-a)*mean grey; saturation: a*x + (1-a)*grey(x); others a=1
         "a": a, "sat": np.where(rounds == 2, 1 - a, 0.0), "con": np.where(rounds == 1, 1 - a, 0.0),
-        "hue_on": p["jitter"], "hue": p["hue"], "gray": p["gray"],
-        # Not blurred: the kernel [0 .. 1 .. 0], which the blur's matrix products pass through exactly.
-        "blur": np.where(np.asarray(p["blur"], bool)[:, None], gauss / gauss.sum(1, keepdims=True), np.arange(k) == k // 2),
-        "solarize": p["solarize"],
+        "hue_on": p["jitter"], "hue": p["hue"], "gray": p["gray"], "blur": kernels, "solarize": p["solarize"],
     }
     cols = {name: np.asarray(values).reshape(m, -1) for name, values in cols.items()}  # bool, int, float32 or 64
     at, width = {}, 0
