@@ -260,7 +260,7 @@ class Training:
     captured: str = ""  # what the CUDA graphs hold: "whole loss" (graph_loss), "backbone" (graph_backbone) or none
     compiled: bool = False  # the backbone's forward through torch.compile (use_compile)
     grads: torch.Tensor | None = None  # several processes without SyncBN: the flat gradient buffer averaged each step
-    loss_graph: "LossGraph | None" = None  # the whole loss captured (graph_loss): forward and backward in one replay
+    loss_graph: LossGraph | None = None  # the whole loss captured (graph_loss): forward and backward in one replay
 
     @property
     def cuda_graphs(self) -> bool:
