@@ -107,34 +107,38 @@ def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, chann
     backbone.forward = by_shape(backbone.forward, eager, sample.shape)
 
 
-def quiet_grad_stream_warning() -> None:
-    """A capture's warm-up runs on a side stream, and autograd remembers that stream for each parameter's gradient
+@contextlib.contextmanager
+def capturing(module: torch.nn.Module, inputs: int, batch: int, image_size: int, channels_last: bool):
+    """What every capture here does around its warm-up passes and the capture itself: `inputs` sample batches of
+    `batch` images in the run's memory format (yielded), from a generator of their own (the global CUDA generator's
+    state is the run's); the warm-up's BatchNorm statistics (every buffer) put back afterwards, in place (the graphs
+    hold these addresses), so training starts exactly where it would have.
+
+    A capture's warm-up runs on a side stream, and autograd remembers that stream for each parameter's gradient
     accumulator: a later backward on another stream adds a GPU-side event wait per parameter (no host wait) and
     torch warns once, already during the capture. Expected, so not shown: the switch torch offers where it has one,
     and a filter for exactly that message (its first sentence), both set before the capture."""
+    device = next(module.parameters()).device
+    saved = [b.detach().clone() for b in module.buffers()]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    own = torch.Generator(device).manual_seed(0)
     if hasattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch"):
         torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
     warnings.filterwarnings("ignore", message=r"The AccumulateGrad node's stream does not match the stream of the "
                                               r"node that produced the incoming gradient", category=UserWarning)
+    yield tuple(torch.randn(batch, 3, image_size, image_size, device=device, generator=own)
+                .contiguous(memory_format=fmt) for _ in range(inputs))
+    with torch.no_grad():
+        for b, s in zip(module.buffers(), saved):
+            b.copy_(s)
 
 
 def capture(module: torch.nn.Module, inputs: int, batch: int, image_size: int, channels_last: bool,
             amp=contextlib.nullcontext()) -> tuple[torch.Tensor, ...]:
     """make_graphed_callables(module, samples), in place, for `inputs` sample batches of `batch` images (returned):
-    what graph_backbone does. The capture's warm-up passes move the BatchNorm statistics; they are
-    put back, so training starts exactly where it would have."""
-    device = next(module.parameters()).device
-    saved = [b.detach().clone() for b in module.buffers()]
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    own = torch.Generator(device).manual_seed(0)  # not the global CUDA generator: its state is the run's
-    samples = tuple(torch.randn(batch, 3, image_size, image_size, device=device, generator=own)
-                    .contiguous(memory_format=fmt) for _ in range(inputs))
-    quiet_grad_stream_warning()
-    with amp:
+    what graph_backbone does, inside `capturing` (the samples, the statistics put back)."""
+    with capturing(module, inputs, batch, image_size, channels_last) as samples, amp:
         torch.cuda.make_graphed_callables(module, samples)
-    with torch.no_grad():
-        for b, s in zip(module.buffers(), saved):
-            b.copy_(s)  # in place: the graphs hold these addresses
     return samples
 
 
@@ -172,28 +176,21 @@ class LossGraph:
     def __init__(self, model: torch.nn.Module, views: int, batch: int, image_size: int, channels_last: bool,
                  precision):
         device = next(model.parameters()).device
-        saved = [b.detach().clone() for b in model.buffers()]
-        fmt = torch.channels_last if channels_last else torch.contiguous_format
-        own = torch.Generator(device).manual_seed(0)  # not the global CUDA generator: its state is the run's
-        self.inputs = [torch.randn(batch, 3, image_size, image_size, device=device, generator=own)
-                       .contiguous(memory_format=fmt) for _ in range(views)]
-        quiet_grad_stream_warning()
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(self.WARMUP):
-                model.zero_grad(set_to_none=True)
-                model(self.inputs, precision).backward()
-        torch.cuda.current_stream(device).wait_stream(side)
-        model.zero_grad(set_to_none=True)  # the capture's backward allocates each .grad in the graph's memory
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            loss = model(self.inputs, precision)
-            loss.backward()
+        with capturing(model, views, batch, image_size, channels_last) as samples:
+            self.inputs = list(samples)
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(self.WARMUP):
+                    model.zero_grad(set_to_none=True)
+                    model(self.inputs, precision).backward()
+            torch.cuda.current_stream(device).wait_stream(side)
+            model.zero_grad(set_to_none=True)  # the capture's backward allocates each .grad in the graph's memory
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                loss = model(self.inputs, precision)
+                loss.backward()
         self.loss = loss.detach()
-        with torch.no_grad():
-            for b, s in zip(model.buffers(), saved):
-                b.copy_(s)  # in place: the graph holds these addresses
 
     def __call__(self, views: list[torch.Tensor]) -> torch.Tensor:
         """Forward and backward of these views (the captured shapes); the loss as a tensor of its own (the graph
