@@ -35,6 +35,7 @@ from core import provenance
 from train.configs import PretrainConfig
 from train.data import ImageData, load_data, make_split
 from train.data_spec import n_files, named
+from train.optim import load_optimizer
 from train.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, small_stem, store_size_for, validate
 from train.training import (StopRequest, Training, augment_mode, build_training, default_workers, fp32_backbone, keep_on_device, rng_state, set_rng_state, train_step, view_batches)
 from core.views import MEAN, STD
@@ -105,7 +106,7 @@ def restore(t: Training, run_dir: Path, world: int) -> tuple[int, float]:
     meta = ckpt.get(rundir.CKPT_META, {})
     check_world(meta, world, run_dir)
     t.model.load_state_dict(ckpt[rundir.CKPT_MODEL])
-    t.optimizer.load_state_dict(ckpt[rundir.CKPT_OPTIMIZER])
+    load_optimizer(t.optimizer, ckpt[rundir.CKPT_OPTIMIZER])
     t.scheduler.load_state_dict(ckpt[rundir.CKPT_SCHEDULER])
     t.scaler.load_state_dict(ckpt[rundir.CKPT_SCALER])
     set_rng_state(ckpt[rundir.CKPT_RNG])

@@ -62,19 +62,47 @@ def param_groups(model: torch.nn.Module, pred_lr: float | None) -> list[dict]:
             {"params": [p for p in trainable if id(p) in ids], "lr_mult": pred_lr}]
 
 
+def fused_for(device: torch.device) -> bool:
+    """Whether torch's fused SGD and AdamW update the parameters: on CUDA, where one C++ call updates every
+    parameter in one kernel. torch's default there, the multi-tensor update, gathers the tensors in Python, allocates
+    a weight-decayed copy of each gradient and launches four passes every step: host time that bounds a small-image
+    step once its loss is one graph (docs/benchmarks.md, "The whole loss captured by hand"). Elsewhere torch's
+    default stays: the CPU's per-parameter loop is what the pinned numbers hold, and the fused kernels were never
+    run on MPS here."""
+    return device.type == "cuda"
+
+
 def build_optimizer(name: str, groups: list[dict], lr: float, weight_decay: float,
-                    lars_eta: float) -> torch.optim.Optimizer:
-    """groups: param_groups' (a group's lr is lr x its lr_mult; the schedule scales each group alike)."""
+                    lars_eta: float, fused: bool = False) -> torch.optim.Optimizer:
+    """groups: param_groups' (a group's lr is lr x its lr_mult; the schedule scales each group alike). fused:
+    torch's fused SGD or AdamW (fused_for); LARS is this module's own multi-tensor update either way."""
     params = [{**g, "lr": lr * g.get("lr_mult", 1.0)} for g in groups]
+    kernel = {"fused": True} if fused else {}  # not fused=False: torch reads that as "no multi-tensor default" too
     if name == "lars":
         return LARS(params, lr=lr, momentum=0.9, weight_decay=weight_decay, eta=lars_eta)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay)
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, **kernel)
     if name == "adamw":
         # What ViTs train with (the recipes' ViT rule, train/recipes.py): weight decay on every trainable parameter
         # and torch's default betas, as MoCo v3's main_moco.py; a frozen patch projection is in no group at all.
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kernel)
     raise ValueError(name)
+
+
+IMPLEMENTATION = ("fused", "foreach")  # the group options that choose torch's kernels, not the arithmetic
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """optimizer.load_state_dict(saved), keeping this run's kernels: torch restores every group option as saved, so
+    a CUDA run's checkpoint resumed on the CPU would bring its fused update along (and a CPU run's, resumed on
+    CUDA, the default). The saved groups take this optimizer's choice before loading, which is also what decides
+    where AdamW's step count is put (on the parameter's device for the fused update). Groups that do not pair up
+    load as saved, for torch to refuse."""
+    groups = saved["param_groups"]
+    if len(groups) == len(optimizer.param_groups):
+        groups = [{**g, **{k: now[k] for k in IMPLEMENTATION if k in now}}
+                  for g, now in zip(groups, optimizer.param_groups)]
+    optimizer.load_state_dict({**saved, "param_groups": groups})
 
 
 def warmup_cosine(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:

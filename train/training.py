@@ -23,7 +23,7 @@ from train import augment, distributed
 from train.backbones import BACKBONES
 from train.configs import PretrainConfig
 from train.device_augment import device_view_batches
-from train.optim import build_optimizer, param_groups, warmup_cosine
+from train.optim import build_optimizer, fused_for, param_groups, warmup_cosine
 from train.preprocess import PIL_PREPROCESS
 from train.runspec import build_model, peak_lr
 
@@ -297,7 +297,7 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
             captured = "backbone"
     total_steps = steps_per_epoch * cfg.epochs
     optimizer = build_optimizer(cfg.optimizer, param_groups(model, cfg.pred_lr), peak_lr(cfg), cfg.weight_decay,
-                                cfg.lars_eta)
+                                cfg.lars_eta, fused_for(device))
     scheduler = warmup_cosine(optimizer, round(cfg.warmup_epochs * steps_per_epoch), total_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
     forward, grads = model, None

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from train.optim import LARS, build_optimizer, param_groups, warmup_cosine
+from train.optim import LARS, build_optimizer, fused_for, load_optimizer, param_groups, warmup_cosine
 from tests.train.test_methods import _tiny_method
 
 
@@ -140,3 +140,71 @@ def test_a_predictor_step_at_ten_times_the_rate_moves_it_ten_times_as_far():
     moved = lambda m: [float((p.detach() - before[id(p)]).abs().max()) for p in m.parameters()]  # noqa: E731
     assert moved(model.predictor) == pytest.approx([0.1] * len(list(model.predictor.parameters())))
     assert moved(model.projector) == pytest.approx([0.01] * len(list(model.projector.parameters())))
+
+
+def _steps(model, opt, n, seed=0):
+    """n updates with the same gradients whatever the optimizer: drawn from their own generator per step."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+
+
+def test_cuda_gets_torchs_fused_update_and_every_other_device_its_default():
+    """The fused kernels on CUDA only; a build without them leaves torch's choice open (fused None, foreach None),
+    which on CUDA is the multi-tensor update: fused=False would have turned that off as well."""
+    assert fused_for(torch.device("cuda", 0)) and not fused_for(torch.device("cpu"))
+    assert not fused_for(torch.device("mps"))
+    model, _ = _tiny_method("byol")
+    for name in ("sgd", "adamw"):
+        fused = build_optimizer(name, param_groups(model, 10.0), 0.1, 1e-4, 0.02, fused=True)
+        plain = build_optimizer(name, param_groups(model, 10.0), 0.1, 1e-4, 0.02)
+        assert all(g["fused"] is True for g in fused.param_groups)
+        assert all(g["fused"] is None and g["foreach"] is None for g in plain.param_groups)
+    assert "fused" not in build_optimizer("lars", param_groups(model, None), 0.1, 1e-4, 0.02, fused=True).defaults
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_the_fused_update_is_the_same_method(name):
+    """Learning rate, momentum, weight decay and the predictor's group reach torch's fused kernel as they reach its
+    default: four steps of each from one init agree to float32 rounding (the CPU has the fused kernels too)."""
+    model, _ = _tiny_method("byol")
+    twin, start = copy.deepcopy(model), copy.deepcopy(model)
+    _steps(model, build_optimizer(name, param_groups(model, 10.0), 0.05, 0.1, 0.02, fused=True), 4)
+    _steps(twin, build_optimizer(name, param_groups(twin, 10.0), 0.05, 0.1, 0.02), 4)
+    for a, b, s in zip(model.parameters(), twin.parameters(), start.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert not a.requires_grad or float((a - s).detach().abs().max()) > 1e-3  # every trained parameter moved
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_a_checkpoint_resumes_with_the_resuming_runs_kernels(name):
+    """A CUDA run's (fused) optimizer state loaded on another device keeps that device's default, and the other way
+    round; the state itself (momentum, AdamW's moments and step) arrives as saved, and a fused run resumed from
+    its own checkpoint continues exactly as if never stopped."""
+    model, _ = _tiny_method("simclr")
+    start = copy.deepcopy(model.state_dict())
+    build = lambda m, fused: build_optimizer(name, param_groups(m, None), 0.05, 0.1, 0.02, fused=fused)  # noqa: E731
+    whole = build(model, True)
+    _steps(model, whole, 2)
+    saved = copy.deepcopy(whole.state_dict())
+    plain = build(model, False)
+    load_optimizer(plain, saved)
+    assert plain.param_groups[0]["fused"] is None and plain.param_groups[0]["foreach"] is None
+    fused = build(model, True)
+    load_optimizer(fused, copy.deepcopy(plain.state_dict()))
+    assert fused.param_groups[0]["fused"] is True
+    for p in model.parameters():
+        for key, value in whole.state[p].items():
+            assert torch.equal(plain.state[p][key], value) and torch.equal(fused.state[p][key], value)
+            assert fused.state[p][key].dtype == value.dtype
+    after = copy.deepcopy(model.state_dict())
+    _steps(model, whole, 1, seed=1)
+    straight = copy.deepcopy(model.state_dict())
+    model.load_state_dict(after)
+    _steps(model, fused, 1, seed=1)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, straight[k]), k
+    assert any(not torch.equal(v, start[k]) for k, v in straight.items())
