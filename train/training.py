@@ -142,13 +142,14 @@ def capture(module: torch.nn.Module, inputs: int, batch: int, image_size: int, c
     return samples
 
 
-def loss_graphable(model: torch.nn.Module, sizes: tuple[int, ...], world: int) -> bool:
+def loss_graphable(model: torch.nn.Module, sizes: tuple[int, ...], world: int, scaled: bool = False) -> bool:
     """Whether graph_loss can capture the method's whole loss rather than graph_backbone its backbone alone: one
     process (with several, the loss gathers every rank's embeddings: a collective inside the capture), every view at
-    one size (a multi-crop method's local views would need a capture of their own) and a method whose forward
-    never reads a device value on the host (its `loss_capturable`; MoCo v3's key queue counts its keys that way
-    while it fills). A method that does not say is not captured whole."""
-    return world == 1 and len(set(sizes)) == 1 and getattr(model, "loss_capturable", False)
+    one size (a multi-crop method's local views would need a capture of their own), a loss that is not scaled (an
+    fp16 run's: its scale must reach autograd's backward, which the captured backward leaves out) and a method whose
+    forward never reads a device value on the host (its `loss_capturable`; MoCo v3's key queue counts its keys that
+    way while it fills). A method that does not say is not captured whole."""
+    return world == 1 and len(set(sizes)) == 1 and not scaled and getattr(model, "loss_capturable", False)
 
 
 class LossGraph:
@@ -159,9 +160,8 @@ class LossGraph:
     layer from Python (MobileNetV3-Small at 32 px: 14.7 ms of host time a step for 6.1 ms of GPU work,
     docs/benchmarks.md). Called, it copies the views into the graph's inputs and replays it: afterwards every
     trained parameter's .grad holds this step's gradient (the tensors the capture allocated, rewritten by each
-    replay: nothing may set them to None), and the optimizer's and the momentum update's multi-tensor ops follow
-    outside, since the learning rate and the momentum change every step as Python numbers, which a graph would hold
-    fixed.
+    replay: nothing may set them to None), and the optimizer's update and the momentum update follow outside, since
+    the learning rate and the momentum change every step as Python numbers, which a graph would hold fixed.
 
     Captured by hand rather than through torch.cuda.make_graphed_callables: that one hands the backward's
     gradients to autograd, which then accumulates each parameter's into its .grad outside the graph, a copy and a
@@ -287,8 +287,7 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
     captured, loss_graph = "", None
     if graphs:
         sizes = augment.view_sizes(cfg.method, cfg.image_size)
-        # The whole loss, one launch a step; not a scaled (fp16) loss, whose scale must reach autograd's backward
-        if loss_graphable(model, sizes, world) and not precision.needs_grad_scaler:
+        if loss_graphable(model, sizes, world, precision.needs_grad_scaler):  # the whole loss, one launch a step
             loss_graph = graph_loss(model, len(sizes), cfg.batch_size, cfg.image_size, channels_last, precision)
             captured = "whole loss"
         else:  # the views at the run's size of this process's images go through the backbone as one batch

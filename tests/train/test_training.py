@@ -63,6 +63,7 @@ def test_the_whole_loss_is_captured_for_one_process_views_of_one_size_and_a_meth
     assert not training.loss_graphable(Method(), (32, 32), 2)  # the loss gathers every rank's embeddings
     assert not training.loss_graphable(Method(), (32, 32, 16), 1)  # local views: another shape
     assert not training.loss_graphable(torch.nn.Module(), (32, 32), 1)  # a method that does not say
+    assert not training.loss_graphable(Method(), (32, 32), 1, scaled=True)  # fp16: autograd's backward applies the scale
     Method.loss_capturable = False
     assert not training.loss_graphable(Method(), (32, 32), 1)
 
@@ -192,7 +193,7 @@ def test_a_capture_puts_back_the_batchnorm_statistics_its_warm_up_moved(monkeypa
             module(*samples).sum().backward()
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", warm_up)
-    class TwoViews(torch.nn.Module):  # a loss of two inputs, as graph_loss's _Loss
+    class TwoViews(torch.nn.Module):  # a module of two inputs: capture takes any number
         def __init__(self):
             super().__init__()
             self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
