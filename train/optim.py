@@ -65,10 +65,10 @@ def param_groups(model: torch.nn.Module, pred_lr: float | None) -> list[dict]:
 def fused_for(device: torch.device) -> bool:
     """Whether torch's fused SGD and AdamW update the parameters: on CUDA, where one C++ call updates every
     parameter in one kernel. torch's default there, the multi-tensor update, gathers the tensors in Python, allocates
-    a weight-decayed copy of each gradient and launches four passes every step: host time that bounds a small-image
-    step once its loss is one graph (docs/benchmarks.md, "The whole loss captured by hand"). Elsewhere torch's
-    default stays: the CPU's per-parameter loop is what the pinned numbers hold, and the fused kernels were never
-    run on MPS here."""
+    a weight-decayed copy of each gradient and launches four passes every step: host time beside a small-image step
+    whose loss is one graph (docs/benchmarks.md, "torch's fused optimizer, with the whole loss in one graph").
+    Elsewhere torch's default stays: the CPU's per-parameter loop is what the pinned numbers hold, and the fused
+    kernels were never run on MPS here."""
     return device.type == "cuda"
 
 
