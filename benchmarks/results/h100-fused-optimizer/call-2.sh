@@ -1,11 +1,7 @@
 # Where the 32 px step's remaining gap goes, in the sent tree (fused optimizer, "new") and 05c536c ("old"):
 # bench --profile of the new tree (GPU busy, both phases), the old tree's training-thread host time (host_probe),
 # MobileNetV3-Small 32 px read B A A B, then the views' GPU time (gpu_probe); each given what is left of DEADLINE.
-START=$(date +%s); T=$OUT/ab.txt
-left() { local l=$(( ${DEADLINE:-540} - ($(date +%s) - START) )); (( l < $1 )) && echo $l || echo $1; }
-stamp() { echo "$1 $(( $(date +%s) - START )) s" >> $T; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUT/gpu.txt; lscpu | grep "Model name" >> $OUT/gpu.txt
-mkdir -p build/ab/new build/ab/old; tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C build/ab/new; tar -xf build/old.tar -C build/ab/old; stamp trees
+source benchmarks/ab_call.sh  # START, T, left, stamp, gpu.txt, the trees new and old under build/ab
 S="--method simclr --backbone mobilenet_v3_small --image-size 32 --batch-size 512 --augment device --channels-last on"
 (cd build/ab/new && PYTHONPATH=. TQDM_DISABLE=1 timeout $(left 120) python3 -m pipeline bench $S --profile /tmp/prof > $OUT/profile-new.txt 2>&1); stamp profile
 (cd build/ab/old && PYTHONPATH=. timeout $(left 90) python3 ../new/benchmarks/results/h100-step-host-time/host_probe.py > $OUT/host-probe-old.txt 2>&1); stamp host-probe-old

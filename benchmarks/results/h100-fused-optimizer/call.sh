@@ -1,11 +1,7 @@
 # torch's fused SGD/AdamW on CUDA (the sent tree, "new") against 05c536c ("old", build/old.tar): the graphed ==
 # eager check for MobileNetV3-Small, MobileNetV3-Small at 32 px read A B B A in one call, the training thread's host
 # time in the new tree, then the check for EfficientNet-B0; each given what is left of DEADLINE.
-START=$(date +%s); T=$OUT/ab.txt
-left() { local l=$(( ${DEADLINE:-540} - ($(date +%s) - START) )); (( l < $1 )) && echo $l || echo $1; }
-stamp() { echo "$1 $(( $(date +%s) - START )) s" >> $T; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUT/gpu.txt; lscpu | grep "Model name" >> $OUT/gpu.txt
-mkdir -p build/ab/new build/ab/old; tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C build/ab/new; tar -xf build/old.tar -C build/ab/old; stamp trees
+source benchmarks/ab_call.sh  # START, T, left, stamp, gpu.txt, the trees new and old under build/ab
 (cd build/ab/new && PYTHONPATH=. timeout $(left 110) python3 benchmarks/cuda_graph_check.py --backbone mobilenet_v3_small 2>&1 | grep -v DEBUG > $OUT/check-mnv3s.txt; echo "rc ${PIPESTATUS[0]}" >> $OUT/check-mnv3s.txt); stamp check-mnv3s
 S="--method simclr --backbone mobilenet_v3_small --image-size 32 --batch-size 512 --augment device --channels-last on"
 for t in new old old new; do echo "$t mnv3s-32 $S"; done > /tmp/ab.lines
