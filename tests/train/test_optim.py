@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from train import distributed
 from train.optim import LARS, build_optimizer, fused_for, load_optimizer, param_groups, warmup_cosine
 from tests.train.test_methods import _tiny_method
 
@@ -208,3 +209,28 @@ def test_a_checkpoint_resumes_with_the_resuming_runs_kernels(name):
     for k, v in model.state_dict().items():
         assert torch.equal(v, straight[k]), k
     assert any(not torch.equal(v, start[k]) for k, v in straight.items())
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_the_fused_update_takes_gradients_that_view_one_flat_buffer(name):
+    """Several processes without SyncBN keep every gradient as a view of one flat buffer (distributed.flat_gradients),
+    a channels-last weight's with its own strides: the fused update reads them there as the default one does (three
+    steps, the CPU's fused kernel) and leaves them views of that buffer."""
+    torch.manual_seed(0)
+    # no bias before the BatchNorm: its gradient would be rounding noise, which AdamW scales up to the full rate
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 4, 1),
+                                torch.nn.Flatten(), torch.nn.Linear(144, 5)).to(memory_format=torch.channels_last)
+    twin = copy.deepcopy(model)
+    assert not model[0].weight.is_contiguous()  # the case that matters: strides of its own
+    for m, fused in ((model, True), (twin, False)):
+        flat = distributed.flat_gradients(m.parameters())
+        opt = build_optimizer(name, param_groups(m, None), 0.1, 0.01, 0.0, fused=fused)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            flat.zero_()
+            x = torch.rand(4, 3, 8, 8, generator=g).contiguous(memory_format=torch.channels_last)
+            m(x).square().sum().backward()
+            opt.step()
+        assert all(p.grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for p in m.parameters())
+    for a, b in zip(model.parameters(), twin.parameters()):  # rounding apart (AdamW's divisions); a misread layout
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # would move weights by about lr = 0.1
