@@ -1,6 +1,6 @@
 """CUDA graphs change how the step is launched, not what it computes: each method trained for a few steps from
 the same init on the same batches eager (--cuda-graphs off), graphed (on: the whole loss captured,
-training.graph_loss; MoCo v3 with a key queue, which a capture cannot hold, its backbone alone) and, with
+training.LossGraph; MoCo v3 with a key queue, which a capture cannot hold, its backbone alone) and, with
 --compile, compiled inside the graphs (--compile --cuda-graphs on) and compiled alone (--compile --cuda-graphs
 off); prints per method the largest loss difference and the largest relative weight difference at the end of each
 against eager, and of compiled in graphs against compiled alone: the graphs' own share, apart from the compiler's

@@ -69,7 +69,7 @@ def keep_on_device(images: torch.Tensor, device: torch.device) -> torch.Tensor:
 def use_cuda_graphs(choice: str, device: torch.device, world: int, sync_bn: bool = False) -> bool:
     """CUDA graphs need CUDA; SyncBatchNorm's collectives (it runs under DDP) would sit inside the captured forward
     and backward, so that case stays eager. Several processes otherwise graph the backbone (one process captures
-    the whole loss where it can: graph_loss) and average gradients after it (distributed.flat_gradients). A
+    the whole loss where it can: LossGraph) and average gradients after it (distributed.flat_gradients). A
     compiled backbone is graphed too: its compiled kernels are captured (ResNet-18 at 32 px: 38,210 img/s end to
     end compiled in the graphs, 27,086 compiled alone, docs/benchmarks.md)."""
     possible = device.type == "cuda" and not (world > 1 and sync_bn)
@@ -143,7 +143,7 @@ def capture(module: torch.nn.Module, inputs: int, batch: int, image_size: int, c
 
 
 def loss_graphable(model: torch.nn.Module, sizes: tuple[int, ...], world: int, scaled: bool = False) -> bool:
-    """Whether graph_loss can capture the method's whole loss rather than graph_backbone its backbone alone: one
+    """Whether LossGraph can capture the method's whole loss rather than graph_backbone its backbone alone: one
     process (with several, the loss gathers every rank's embeddings: a collective inside the capture), every view at
     one size (a multi-crop method's local views would need a capture of their own), a loss that is not scaled (an
     fp16 run's: its scale must reach autograd's backward, which the captured backward leaves out) and a method whose
@@ -167,9 +167,9 @@ class LossGraph:
     gradients to autograd, which then accumulates each parameter's into its .grad outside the graph, a copy and a
     stream wait per parameter launched from Python every step: the costliest part of a MobileNetV3-Small step's
     host time at 32 px, and about 5 % of its speed (docs/benchmarks.md, "The whole loss captured by hand"). The model
-    itself is not changed: its forward
-    stays the plain one (evaluation, a batch of another shape). The BatchNorm statistics and the momentum branch the
-    warm-up passes move are put back, so training starts exactly where it would have."""
+    itself is not changed: its forward stays the plain one (evaluation, a batch of another shape). The BatchNorm
+    statistics and the momentum branch the warm-up passes move are put back, so training starts exactly where it
+    would have."""
 
     WARMUP = 3  # eager passes on a side stream before the capture (cuDNN's autotuning, lazy state), as torch's docs do
 
@@ -199,12 +199,6 @@ class LossGraph:
             static.copy_(v)
         self.graph.replay()
         return self.loss.clone()
-
-
-def graph_loss(model: torch.nn.Module, views: int, batch: int, image_size: int, channels_last: bool,
-               precision) -> LossGraph:
-    """The method's whole loss captured for `views` batches of `batch` images (LossGraph); train_step replays it."""
-    return LossGraph(model, views, batch, image_size, channels_last, precision)
 
 
 def by_shape(graphed, eager, shape: torch.Size):
@@ -254,10 +248,10 @@ class Training:
     precision: object
     total_steps: int
     channels_last: bool
-    captured: str = ""  # what the CUDA graphs hold: "whole loss" (graph_loss), "backbone" (graph_backbone) or none
+    captured: str = ""  # what the CUDA graphs hold: "whole loss" (LossGraph), "backbone" (graph_backbone) or none
     compiled: bool = False  # the backbone's forward through torch.compile (use_compile)
     grads: torch.Tensor | None = None  # several processes without SyncBN: the flat gradient buffer averaged each step
-    loss_graph: LossGraph | None = None  # the whole loss captured (graph_loss): forward and backward in one replay
+    loss_graph: LossGraph | None = None  # the whole loss captured: forward and backward in one replay
 
     @property
     def cuda_graphs(self) -> bool:
@@ -288,7 +282,7 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
     if graphs:
         sizes = augment.view_sizes(cfg.method, cfg.image_size)
         if loss_graphable(model, sizes, world, precision.needs_grad_scaler):  # the whole loss, one launch a step
-            loss_graph = graph_loss(model, len(sizes), cfg.batch_size, cfg.image_size, channels_last, precision)
+            loss_graph = LossGraph(model, len(sizes), cfg.batch_size, cfg.image_size, channels_last, precision)
             captured = "whole loss"
         else:  # the views at the run's size of this process's images go through the backbone as one batch
             full = sizes.count(cfg.image_size)
@@ -322,10 +316,11 @@ def train_step(t: Training, views: list[torch.Tensor], step: int) -> torch.Tenso
     Returns the loss averaged over processes, detached and still on the device: reading it waits for the GPU, so
     the caller chooses when (the loop reads it a step late)."""
     dtype = t.precision.param_dtype  # the views come normalised in float32; an fp64 run takes them in float64
+    views = [v.to(dtype) for v in views]
     if t.loss_graph is not None:  # forward and backward in one replay, which rewrites every .grad (kept, never None)
-        loss = t.loss_graph([v.to(dtype) for v in views])
+        loss = t.loss_graph(views)
     else:
-        loss = t.forward([v.to(dtype) for v in views], t.precision)
+        loss = t.forward(views, t.precision)
         if t.grads is None:
             t.optimizer.zero_grad(set_to_none=True)
         else:

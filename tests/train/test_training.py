@@ -32,7 +32,7 @@ def test_the_graph_captures_the_whole_loss_or_every_view_at_the_runs_size_as_one
     captured = []
     monkeypatch.setattr(training, "use_cuda_graphs", lambda *a, **k: True)
     monkeypatch.setattr(training, "graph_backbone", lambda backbone, batch, size, *a: captured.append(("backbone", batch, size)))
-    monkeypatch.setattr(training, "graph_loss", lambda model, views, batch, size, *a: captured.append(("loss", views, batch, size)))
+    monkeypatch.setattr(training, "LossGraph", lambda model, views, batch, size, *a: captured.append(("loss", views, batch, size)))
     local = augment.ViewRecipe(crop_scale=(0.05, 0.4), size=0.5)
     said = []  # what the run says it captured (pretrain's log line, bench's JSON)
     for views in (byol.SPEC.views, (*byol.SPEC.views, byol.SPEC.views[0], local, local)):
@@ -111,8 +111,9 @@ class _Method(torch.nn.Module):
 def test_the_loss_graph_captures_forward_and_backward_and_puts_back_what_its_warm_up_moved(monkeypatch):
     """The capture (a stand-in here that runs its pass eagerly) follows the warm-up passes with the gradients set to
     None, so its backward allocates every .grad the replays then rewrite; a parameter the loss never reads keeps
-    None (and every .grad is None as the capture begins). The warm-up's BatchNorm statistics are put back in place, the inputs come from the graph's own generator
-    (the run's is untouched) in the run's shape and memory format, and the loss it holds needs no gradient."""
+    None (and every .grad is None as the capture begins). The warm-up's BatchNorm statistics are put back in place,
+    the inputs come from the graph's own generator (the run's is untouched) in the run's shape and memory format,
+    and the loss it holds needs no gradient."""
     torch.manual_seed(0)
     model = _Method()
     notes = _cuda_on_the_cpu(monkeypatch, model)

@@ -22,7 +22,7 @@ def byol_loss(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 
 class BYOL(nn.Module):
-    loss_capturable = True  # no host read of a device value in forward: train/training.graph_loss may capture it
+    loss_capturable = True  # no host read of a device value in forward: train/training.LossGraph may capture it
 
     def __init__(self, backbone: nn.Module, feat_dim: int, cfg):
         super().__init__()

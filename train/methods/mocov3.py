@@ -85,7 +85,7 @@ class MoCoV3(nn.Module):
 
     @property
     def loss_capturable(self) -> bool:
-        """train/training.graph_loss may capture forward without a key queue: the queue reads its count of keys
+        """train/training.LossGraph may capture forward without a key queue: the queue reads its count of keys
         from the device while it fills, which a CUDA graph cannot do."""
         return self.queue is None
 

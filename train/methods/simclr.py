@@ -40,7 +40,7 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Ten
 
 
 class SimCLR(nn.Module):
-    loss_capturable = True  # no host read of a device value in forward: train/training.graph_loss may capture it
+    loss_capturable = True  # no host read of a device value in forward: train/training.LossGraph may capture it
 
     def __init__(self, backbone: nn.Module, feat_dim: int, cfg):
         super().__init__()
