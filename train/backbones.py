@@ -123,7 +123,8 @@ BACKBONES: dict[str, Backbone] = {
     "resnet50": Backbone(partial(_resnet, "resnet50"), 2048, "resnet", "ResNet-50",
                          "3x3 stride-1 stem, no max-pool", (32, 8), RESNET_OPS, compile_pays=True),  # +44 % at 224 px
     "mobilenet_v3_small": Backbone(partial(_mobile, "mobilenet_v3_small"), 576, "mobilenet",
-                                   "MobileNetV3-Small", "first conv at stride 1", (32, 16), MOBILENET_OPS),
+                                   "MobileNetV3-Small", "first conv at stride 1", (32, 16), MOBILENET_OPS,
+                                   compile_pays=True),  # +28 % at 32 px, +30 % at 224 px
     "mobilenet_v3_large": Backbone(partial(_mobile, "mobilenet_v3_large"), 960, "mobilenet",
                                    "MobileNetV3-Large", "first conv at stride 1", (32, 16), MOBILENET_OPS),
     "efficientnet_b0": Backbone(partial(_mobile, "efficientnet_b0"), 1280, "efficientnet",

@@ -265,10 +265,12 @@ def test_cuda_graphs_policy():
 
 def test_compile_policy_is_on_only_in_the_graphs_for_a_backbone_measured_faster():
     """Unset: compiled where measured faster (one process, the CUDA graphs on, a row with compile_pays: ResNet-18
-    and -50), never outside the graphs (compiled alone ran slower than eager in the graphs); typed, as typed."""
+    and -50, MobileNetV3-Small), never outside the graphs (compiled alone ran slower than eager in the graphs);
+    typed, as typed."""
     from train.backbones import BACKBONES
 
-    assert [b for b in BACKBONES if training.use_compile(None, b, graphs=True)] == ["resnet18", "resnet50"]
+    assert [b for b in BACKBONES if training.use_compile(None, b, graphs=True)] == ["resnet18", "resnet50",
+                                                                                     "mobilenet_v3_small"]
     assert not any(training.use_compile(None, b, graphs=False) for b in BACKBONES)  # the CPU, MPS, --sync-bn runs
     assert not training.use_compile(None, "resnet18", graphs=True, world=2)  # several GPUs: not measured compiled
     assert training.use_compile(True, "vit_t_16", graphs=False) and not training.use_compile(False, "resnet18", True)
