@@ -124,7 +124,7 @@ BACKBONES: dict[str, Backbone] = {
                          "3x3 stride-1 stem, no max-pool", (32, 8), RESNET_OPS, compile_pays=True),  # +44 % at 224 px
     "mobilenet_v3_small": Backbone(partial(_mobile, "mobilenet_v3_small"), 576, "mobilenet",
                                    "MobileNetV3-Small", "first conv at stride 1", (32, 16), MOBILENET_OPS,
-                                   compile_pays=True),  # +28 % at 32 px, +30 % at 224 px
+                                   compile_pays=True),  # +26-29 % at 32 px, +30 % at 224 px (H100)
     "mobilenet_v3_large": Backbone(partial(_mobile, "mobilenet_v3_large"), 960, "mobilenet",
                                    "MobileNetV3-Large", "first conv at stride 1", (32, 16), MOBILENET_OPS),
     "efficientnet_b0": Backbone(partial(_mobile, "efficientnet_b0"), 1280, "efficientnet",
