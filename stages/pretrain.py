@@ -37,7 +37,7 @@ from train.data import ImageData, load_data, make_split
 from train.data_spec import n_files, named
 from train.optim import load_optimizer
 from train.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, small_stem, store_size_for, validate
-from train.training import (StopRequest, Training, augment_mode, build_training, default_workers, fp32_backbone, keep_on_device, rng_state, set_rng_state, train_step, view_batches)
+from train.training import (StopRequest, Training, augment_mode, build_training, compile_note, default_workers, fp32_backbone, keep_on_device, rng_state, set_rng_state, train_step, view_batches)
 from core.views import MEAN, STD
 
 
@@ -279,7 +279,7 @@ def train(r: Run) -> tuple[int, float, int]:
     r.say(f"pretraining {cfg.method}/{cfg.backbone} on {cfg.data}: {len(r.train_images)} train images, "
           f"{spe} steps/epoch, {t.total_steps} steps, device {r.device} x {r.shard[1]}, augment {r.mode}, "
           f"preprocess {r.pre_note}, channels_last {t.channels_last}, CUDA graphs {t.captured or 'off'}, "
-          f"compiled {t.compiled}, peak lr {peak_lr(cfg):.4g}")
+          f"compiled {compile_note(t, cfg, r.shard[1])}, peak lr {peak_lr(cfg):.4g}")
     t.model.train()
     step, waited, pending, knn = r.step, 0.0, None, {}  # waited: host seconds spent waiting for batches
     bar = tqdm(total=stop_at, initial=step, desc="pretrain", unit="step", dynamic_ncols=True,

@@ -112,19 +112,23 @@ class Backbone:
     stride: tuple[int, int]  # total stride with the ImageNet stem, with the small one: the smallest image side
     export_ops: tuple[str, ...]  # MIL op types its ML Program holds besides the encoder's (export/encoder.ENCODER_OPS)
     fp32_stem: bool = False  # fp16 Core ML keeps the input normalisation and first conv in fp32: fp16 there breaks parity
-    compile_pays: bool = False  # torch.compile inside the CUDA graphs measured faster end to end (docs/benchmarks.md)
+    # Steps of one run from which torch.compile inside the CUDA graphs, measured faster end to end, has repaid its
+    # compiling on a cold cache (docs/benchmarks.md); None = not measured faster. A shorter run stays eager.
+    compile_repays: int | None = None
 
 
 BACKBONES: dict[str, Backbone] = {
     "resnet18": Backbone(partial(_resnet, "resnet18"), 512, "resnet", "ResNet-18",
-                         "3x3 stride-1 stem, no max-pool", (32, 8), RESNET_OPS, compile_pays=True),  # +33 % at 32 px
+                         "3x3 stride-1 stem, no max-pool", (32, 8), RESNET_OPS,
+                         compile_repays=5_000),  # 32 px: +33 %, 4.1 ms a step for 16-20 s more start-up
     "resnet34": Backbone(partial(_resnet, "resnet34"), 512, "resnet", "ResNet-34",
                          "3x3 stride-1 stem, no max-pool", (32, 8), RESNET_OPS),
     "resnet50": Backbone(partial(_resnet, "resnet50"), 2048, "resnet", "ResNet-50",
-                         "3x3 stride-1 stem, no max-pool", (32, 8), RESNET_OPS, compile_pays=True),  # +44 % at 224 px
+                         "3x3 stride-1 stem, no max-pool", (32, 8), RESNET_OPS,
+                         compile_repays=1_000),  # 224 px: +44 %, 31 ms a step for 30 s more start-up
     "mobilenet_v3_small": Backbone(partial(_mobile, "mobilenet_v3_small"), 576, "mobilenet",
                                    "MobileNetV3-Small", "first conv at stride 1", (32, 16), MOBILENET_OPS,
-                                   compile_pays=True),  # +26-29 % at 32 px, +30 % at 224 px (H100)
+                                   compile_repays=15_000),  # 32 px: +28 %, 1.5 ms a step for 22 s (224 px: 6 ms, 34 s)
     "mobilenet_v3_large": Backbone(partial(_mobile, "mobilenet_v3_large"), 960, "mobilenet",
                                    "MobileNetV3-Large", "first conv at stride 1", (32, 16), MOBILENET_OPS),
     "efficientnet_b0": Backbone(partial(_mobile, "efficientnet_b0"), 1280, "efficientnet",

@@ -79,13 +79,16 @@ def use_cuda_graphs(choice: str, device: torch.device, world: int, sync_bn: bool
     return possible and choice in ("on", "auto")
 
 
-def use_compile(choice: bool | None, backbone: str, graphs: bool, world: int = 1) -> bool:
+def use_compile(choice: bool | None, backbone: str, graphs: bool, world: int = 1, steps: int | None = None) -> bool:
     """--compile / --no-compile as typed; unset, on where it was measured faster: one process, inside the CUDA
     graphs (compiled alone ran slower than eager in the graphs, 27,086 against 31,680 img/s), on a backbone whose
-    row says it pays (train/backbones.Backbone.compile_pays). Elsewhere not measured: eager."""
+    row says from how many steps it repays its compiling (train/backbones.Backbone.compile_repays), in a run of at
+    least that many `steps` (None: a run long enough, as `pipeline bench` times). Elsewhere not measured: eager."""
     if choice is not None:
         return choice
-    return graphs and world == 1 and BACKBONES[backbone].compile_pays
+    repays = BACKBONES[backbone].compile_repays
+    return graphs and world == 1 and repays is not None and (steps is None or steps >= repays)
+
 
 
 def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, channels_last: bool, precision) -> None:
@@ -258,8 +261,10 @@ class Training:
         return bool(self.captured)
 
 
-def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: int) -> tuple[Training, int]:
-    """Model (memory format, SyncBN, compile, CUDA graphs, gradient averaging), optimizer, schedule, scaler for this process; (training, feat_dim)."""
+def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: int,
+                   steady: bool = False) -> tuple[Training, int]:
+    """Model (memory format, SyncBN, compile, CUDA graphs, gradient averaging), optimizer, schedule, scaler for this
+    process; (training, feat_dim). steady: the step of a run long enough to repay compiling (`pipeline bench`)."""
     precision = precision_for(device, cfg.precision)  # first: fp64 off the CPU is refused before any work
     with float64_init() if precision.param_dtype == torch.float64 else contextlib.nullcontext():
         model, feat_dim = build_model(cfg)
@@ -275,7 +280,9 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
             raise PipelineError("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU kernel (drop --sync-bn on CPU)")
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     graphs = use_cuda_graphs(cfg.cuda_graphs, device, world, cfg.sync_bn)
-    compiled = use_compile(cfg.compile, cfg.backbone, graphs, world)
+    # the run's length by its schedule, not by --max-steps: a run cut short and resumed must compile alike
+    steps = None if steady else steps_per_epoch * cfg.epochs
+    compiled = use_compile(cfg.compile, cfg.backbone, graphs, world, steps)
     if compiled:  # the forward alone, so the graphs below capture the compiled kernels; state_dict keys stay
         model.backbone.forward = torch.compile(model.backbone.forward)
     captured, loss_graph = "", None
@@ -302,6 +309,15 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
             grads = distributed.flat_gradients(model.parameters())
     return Training(model, forward, optimizer, scheduler, scaler, precision, total_steps, channels_last, captured,
                     compiled, grads, loss_graph), feat_dim
+
+
+def compile_note(t: Training, cfg: PretrainConfig, world: int) -> str:
+    """The start line's word on compiling: True or False, and where --compile was unset and only the run's length
+    kept the step eager, from how many steps compiling would repay, so that a long run's user knows to ask."""
+    repays = BACKBONES[cfg.backbone].compile_repays
+    if t.compiled or cfg.compile is not None or not t.cuda_graphs or world > 1 or repays is None:
+        return str(t.compiled)
+    return f"False (it repays from {repays:,} steps, this run has {t.total_steps:,}: --compile to compile anyway)"
 
 
 def fp32_backbone(t: Training) -> torch.nn.Module:

@@ -263,17 +263,52 @@ def test_cuda_graphs_policy():
             training.use_cuda_graphs("on", device, world, sync_bn)
 
 
-def test_compile_policy_is_on_only_in_the_graphs_for_a_backbone_measured_faster():
-    """Unset: compiled where measured faster (one process, the CUDA graphs on, a row with compile_pays: ResNet-18
-    and -50, MobileNetV3-Small), never outside the graphs (compiled alone ran slower than eager in the graphs);
-    typed, as typed."""
+def test_compile_policy_is_on_only_in_the_graphs_for_a_backbone_measured_faster_in_a_run_that_repays_it():
+    """Unset: compiled where measured faster (one process, the CUDA graphs on, a row with compile_repays: ResNet-18
+    and -50, MobileNetV3-Small) in a run of at least the row's steps (or a long run, as bench times), never outside
+    the graphs (compiled alone ran slower than eager in the graphs); typed, as typed."""
     from train.backbones import BACKBONES
 
     assert [b for b in BACKBONES if training.use_compile(None, b, graphs=True)] == ["resnet18", "resnet50",
                                                                                      "mobilenet_v3_small"]
+    for name in ("resnet18", "resnet50", "mobilenet_v3_small"):
+        repays = BACKBONES[name].compile_repays
+        assert training.use_compile(None, name, True, steps=repays)
+        assert not training.use_compile(None, name, True, steps=repays - 1)  # its compiling would not be repaid
+    assert not training.use_compile(None, "mobilenet_v3_small", True, steps=216)  # configs/default.yaml's run
+    assert not training.use_compile(None, "resnet34", True, steps=10**9)  # not measured faster
     assert not any(training.use_compile(None, b, graphs=False) for b in BACKBONES)  # the CPU, MPS, --sync-bn runs
     assert not training.use_compile(None, "resnet18", graphs=True, world=2)  # several GPUs: not measured compiled
     assert training.use_compile(True, "vit_t_16", graphs=False) and not training.use_compile(False, "resnet18", True)
+    assert training.use_compile(True, "resnet18", True, steps=1)  # typed: even a run too short to repay it
+
+
+def test_the_run_asks_to_compile_with_its_scheduled_length_and_bench_as_a_long_run(tiny_overrides, monkeypatch):
+    """build_training gives use_compile the run's steps by its schedule (epochs x steps an epoch, not --max-steps:
+    a run cut short and resumed compiles as it did), bench none (the step of a run long enough); and the start line
+    says when only the run's length kept it eager, with the steps that would repay compiling."""
+    import dataclasses
+
+    from train.backbones import BACKBONES
+
+    asked = []
+    real = training.use_compile
+    monkeypatch.setattr(training, "use_compile", lambda *a: asked.append(a[4]) or real(*a))
+    cfg = resolve(PretrainConfig(**{**tiny_overrides, "backbone": "mobilenet_v3_small", "max_steps": 3}))
+    t, _ = training.build_training(cfg, torch.device("cpu"), steps_per_epoch=4)
+    training.build_training(cfg, torch.device("cpu"), steps_per_epoch=4, steady=True)
+    assert asked == [4 * cfg.epochs, None]
+
+    graphed = dataclasses.replace(t, captured="whole loss")  # as on CUDA; the CPU never captures
+    repays = BACKBONES["mobilenet_v3_small"].compile_repays
+    assert training.compile_note(graphed, cfg, 1) == (f"False (it repays from {repays:,} steps, this run has "
+                                                      f"{t.total_steps:,}: --compile to compile anyway)")
+    assert training.compile_note(t, cfg, 1) == "False"  # no graphs: not a question of length
+    assert training.compile_note(graphed, dataclasses.replace(cfg, compile=False), 1) == "False"  # as typed
+    assert training.compile_note(graphed, cfg, 2) == "False"  # several processes: never compiled unset
+    assert training.compile_note(dataclasses.replace(graphed, compiled=True), cfg, 1) == "True"
+    resnet34 = dataclasses.replace(cfg, backbone="resnet34")
+    assert training.compile_note(graphed, resnet34, 1) == "False"  # not measured faster
 
 
 def test_compile_compiles_the_backbones_forward_so_graphs_can_capture_it(tiny_overrides, monkeypatch):
