@@ -90,7 +90,6 @@ def use_compile(choice: bool | None, backbone: str, graphs: bool, world: int = 1
     return graphs and world == 1 and repays is not None and (steps is None or steps >= repays)
 
 
-
 def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, channels_last: bool, precision) -> None:
     """Capture the backbone's training forward and backward for `batch` images (torch.cuda.make_graphed_callables,
     in place: the module keeps its parameters and state_dict, eval mode still runs the plain forward). Every
@@ -314,9 +313,9 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
 def compile_note(t: Training, cfg: PretrainConfig, world: int) -> str:
     """The start line's word on compiling: True or False, and where --compile was unset and only the run's length
     kept the step eager, from how many steps compiling would repay, so that a long run's user knows to ask."""
-    repays = BACKBONES[cfg.backbone].compile_repays
-    if t.compiled or cfg.compile is not None or not t.cuda_graphs or world > 1 or repays is None:
+    if t.compiled or cfg.compile is not None or not use_compile(None, cfg.backbone, t.cuda_graphs, world):
         return str(t.compiled)
+    repays = BACKBONES[cfg.backbone].compile_repays
     return f"False (it repays from {repays:,} steps, this run has {t.total_steps:,}: --compile to compile anyway)"
 
 

@@ -298,6 +298,7 @@ def test_the_run_asks_to_compile_with_its_scheduled_length_and_bench_as_a_long_r
     t, _ = training.build_training(cfg, torch.device("cpu"), steps_per_epoch=4)
     training.build_training(cfg, torch.device("cpu"), steps_per_epoch=4, steady=True)
     assert asked == [4 * cfg.epochs, None]
+    monkeypatch.undo()
 
     graphed = dataclasses.replace(t, captured="whole loss")  # as on CUDA; the CPU never captures
     repays = BACKBONES["mobilenet_v3_small"].compile_repays
