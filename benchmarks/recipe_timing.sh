@@ -42,8 +42,8 @@ for r in $(seq 1 "$REPEATS"); do
     t1=$(date +%s%N)
     steps=$(sed -n 's|^done: step \([0-9]*\)/.*|\1|p' "$log")
     # Where the wall time went, from the run's metrics.jsonl (benchmarks/timing_split.py): the steps' time, the
-    # first window's share of it, the steady img/s; wall - train_s is start-up (the compile and graph capture in
-    # it), data loading and the checkpoint.
+    # first window's share of it, the steady img/s; wall - train_s is start-up (the graph capture in it, and the
+    # compiling where the run compiles), data loading and the checkpoint.
     split=$($PY benchmarks/timing_split.py split "$run/metrics.jsonl" "$BATCH") || split='"train_s": null'
     echo "{\"method\": \"$m\", \"repeat\": $r, \"wall_s\": $(( (t1 - t0) / 1000000 ))e-3, \"steps\": ${steps:-0}, $split}" \
       | tee -a "$OUT/timing.jsonl"
