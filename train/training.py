@@ -279,9 +279,9 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
             raise PipelineError("--sync-bn needs CUDA: torch's SyncBatchNorm has no CPU kernel (drop --sync-bn on CPU)")
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     graphs = use_cuda_graphs(cfg.cuda_graphs, device, world, cfg.sync_bn)
+    total_steps = steps_per_epoch * cfg.epochs
     # the run's length by its schedule, not by --max-steps: a run cut short and resumed must compile alike
-    steps = None if steady else steps_per_epoch * cfg.epochs
-    compiled = use_compile(cfg.compile, cfg.backbone, graphs, world, steps)
+    compiled = use_compile(cfg.compile, cfg.backbone, graphs, world, None if steady else total_steps)
     if compiled:  # the forward alone, so the graphs below capture the compiled kernels; state_dict keys stay
         model.backbone.forward = torch.compile(model.backbone.forward)
     captured, loss_graph = "", None
@@ -294,7 +294,6 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
             full = sizes.count(cfg.image_size)
             graph_backbone(model.backbone, full * (cfg.batch_size // world), cfg.image_size, channels_last, precision)
             captured = "backbone"
-    total_steps = steps_per_epoch * cfg.epochs
     optimizer = build_optimizer(cfg.optimizer, param_groups(model, cfg.pred_lr), peak_lr(cfg), cfg.weight_decay,
                                 cfg.lars_eta, fused_for(device))
     scheduler = warmup_cosine(optimizer, round(cfg.warmup_epochs * steps_per_epoch), total_steps)
