@@ -265,18 +265,19 @@ def test_cuda_graphs_policy():
 
 def test_compile_policy_is_on_only_in_the_graphs_for_a_backbone_measured_faster_in_a_run_that_repays_it():
     """Unset: compiled where measured faster (one process, the CUDA graphs on, a row with compile_repays: ResNet-18
-    and -50, MobileNetV3-Small) in a run of at least the row's steps (or a long run, as bench times), never outside
+    and -50, MobileNetV3-Small and -Large) in a run of at least the row's steps (or a long run, as bench times), never outside
     the graphs (compiled alone ran slower than eager in the graphs); typed, as typed."""
     from train.backbones import BACKBONES
 
-    assert [b for b in BACKBONES if training.use_compile(None, b, graphs=True)] == ["resnet18", "resnet50",
-                                                                                     "mobilenet_v3_small"]
-    for name in ("resnet18", "resnet50", "mobilenet_v3_small"):
+    compiled = ["resnet18", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large"]
+    assert [b for b in BACKBONES if training.use_compile(None, b, graphs=True)] == compiled
+    for name in compiled:
         repays = BACKBONES[name].compile_repays
         assert training.use_compile(None, name, True, steps=repays)
         assert not training.use_compile(None, name, True, steps=repays - 1)  # its compiling would not be repaid
     assert not training.use_compile(None, "mobilenet_v3_small", True, steps=216)  # configs/default.yaml's run
     assert not training.use_compile(None, "resnet34", True, steps=10**9)  # not measured faster
+    assert not training.use_compile(None, "efficientnet_b0", True, steps=10**9)  # its compiled kNN is too few pairs
     assert not any(training.use_compile(None, b, graphs=False) for b in BACKBONES)  # the CPU, MPS, --sync-bn runs
     assert not training.use_compile(None, "resnet18", graphs=True, world=2)  # several GPUs: not measured compiled
     assert training.use_compile(True, "vit_t_16", graphs=False) and not training.use_compile(False, "resnet18", True)
