@@ -162,3 +162,23 @@ def test_commands_named_reads_options_up_to_the_next_command():
             "```\npipeline export --to coreml   # then --not-this\npipeline strip \\\n  --no-l2-normalize\n```\n")
     assert sorted(commands_named(text)) == [("export", ["--to"]), ("pretrain", ["--data", "--resume", "--overwrite"]),
                                             ("strip", ["--no-l2-normalize"])]
+
+
+def test_every_benchmark_line_for_this_tree_parses_as_pipeline_bench():
+    """benchmarks/*.lines (same_call.sh's input): a line run in this checkout (tree "new") parses as `pipeline
+    bench` arguments, options and their values both, so a GPU call's minutes are not lost to a stale flag; lines of
+    other trees run their own commit's CLI."""
+    from pipeline.cli import main
+
+    bench = main.get_command(click.Context(main), "bench")
+    wrong = []
+    for path in sorted((ROOT / "benchmarks").glob("*.lines")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            tree, _, rest = line.partition(" ")
+            if tree != "new":
+                continue
+            try:
+                bench.make_context("bench", rest.split()[1:], resilient_parsing=False)
+            except click.ClickException as e:
+                wrong.append(f"{path.name}:{n}: {e.format_message()}")
+    assert not wrong, "; ".join(wrong)
