@@ -81,7 +81,8 @@ $(RUN)/report.html: $(RUN)/validate/parity.json $(RUN)/eval/linear.json $(REPORT
 # committed fixtures; no torch needed there). worksteal: a worker that runs out of tests takes the other's queued
 # ones, where the default handed each its share up front and left one idle for the last minute (docs/tests.md).
 # The venv, Chromium and the Swift package's build are made side by side first: the installs wait mostly on the
-# network and the disk, the Swift compiler on the CPU (here `swift build --build-tests` took 18 s, Chromium's install 23 s).
+# network and the disk, the Swift compiler on the CPU (here `swift build --build-tests` took 18 s, Chromium's
+# install 23 s).
 PYTEST = $(BIN)/python -m pytest -n 2 --dist worksteal
 test:
 	@$(MAKE) --no-print-directory -j3 $(STAMP) browser swift-build

@@ -265,8 +265,8 @@ def test_cuda_graphs_policy():
 
 def test_compile_policy_is_on_only_in_the_graphs_for_a_backbone_measured_faster_in_a_run_that_repays_it():
     """Unset: compiled where measured faster (one process, the CUDA graphs on, a row with compile_repays: ResNet-18
-    and -50, MobileNetV3-Small and -Large) in a run of at least the row's steps (or a long run, as bench times), never outside
-    the graphs (compiled alone ran slower than eager in the graphs); typed, as typed."""
+    and -50, MobileNetV3-Small and -Large) in a run of at least the row's steps (or a long run, as bench times),
+    never outside the graphs (compiled alone ran slower than eager in the graphs); typed, as typed."""
     from train.backbones import BACKBONES
 
     compiled = ["resnet18", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large"]
