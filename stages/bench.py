@@ -4,7 +4,7 @@ For one configuration it reports
 - e2e img/s: the training step (training.train_step) fed by the real batch source (training.view_batches: the
   device path, or CPU DataLoader workers with --augment cpu), reading each loss one step late as the loop does;
 - ceiling img/s: the same step on ready views already on the device (no augmentation, no data movement);
-  the step is a long run's: compiled where the backbone's row says compiling repays (training.use_compile);
+  the step is a long run's: compiled where the backbone's row says compiling repays, for the method (use_compile);
 - ratio = e2e / ceiling; data-wait %: share of the e2e time the host spent waiting for its next batch (for the
   device path that is the time to draw parameters and queue the augmentation kernels, whose GPU time shows in the
   ratio instead); augment ms: the batch source alone, per step; peak memory (CUDA: allocated by torch; CPU: the

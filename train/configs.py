@@ -15,8 +15,10 @@ from core.config import Range, opt
 from train import methods
 from train.backbones import BACKBONES, MAX_IMAGE_SIZE  # the smallest side is each backbone row's
 
-# the steps from which each backbone's compiling repays, as its row says (train/backbones.Backbone.compile_repays)
-_COMPILE_REPAYS = ", ".join(f"{b.title} {b.compile_repays:,}" for b in BACKBONES.values() if b.compile_repays)
+# each backbone row's steps from which compiling repays, and the methods compiled by default on it (its compile_repays
+# and compile_methods: train/backbones.Backbone)
+_COMPILE_REPAYS = ", ".join(f"{b.title} {b.compile_repays:,} ({'/'.join(b.compile_methods)})"
+                            for b in BACKBONES.values() if b.compile_repays)
 
 AUGMENT_MODES = ("auto", "cpu", "device")  # where views are made (train.augment.augment_mode)
 PREPROCESS_CHOICES = ("auto", "torch", "coreml")  # per-image preprocessing backend (train.preprocess)
@@ -86,7 +88,7 @@ class PretrainConfig:
     preprocess: str = opt("auto", "--augment cpu: where each view's jitter, grayscale and blur run: coreml = Core ML models on the Neural Engine/GPU (macOS), torch = uint8 Pillow/numpy ops in the workers; auto = coreml where Core ML runs", choices=PREPROCESS_CHOICES)
     channels_last: str = opt("auto", "NHWC memory format: about 2x faster bf16 convs on CUDA tensor cores; auto = on for CUDA only", choices=("auto", "on", "off"))
     cuda_graphs: str = opt("auto", "replay the step's forward and backward as CUDA graphs (one process with views of one size: the whole loss, momentum branch, heads and every gradient in one graph; otherwise the backbone's forward and backward), and the device views as one, instead of launching their hundreds of kernels from Python every step (the host, not the GPU, limits small-image steps on a fast GPU: docs/benchmarks.md); auto = on for CUDA (and, with several processes, without --sync-bn); a compiled backbone's kernels are captured", choices=("auto", "on", "off"))
-    compile: bool | None = opt(None, f"torch.compile the backbone's forward, its kernels captured in the CUDA graphs. None = on where measured faster: one process with CUDA graphs on, a backbone that pays (ResNet-18, ResNet-50: +20-44 % end to end on one H200; MobileNetV3-Small and -Large: +26-32 % on one H100; kNN of 100-epoch runs within the seeds' spread of eager's), and a run long enough to repay 20-50 s of compiling on a cold cache (epochs x steps an epoch at least the row's count: {_COMPILE_REPAYS}; the start line says when a run is too short); cached on disk for the next run of the same shapes; --no-compile = eager (docs/benchmarks.md)")
+    compile: bool | None = opt(None, f"torch.compile the backbone's forward, its kernels captured in the CUDA graphs. None = on where measured faster and trained to eager's kNN: one process with CUDA graphs on, a backbone that pays (ResNet-18, ResNet-50: +20-44 % end to end on one H200; MobileNetV3-Small, -Large, EfficientNet-B0: +26-32 % on one H100), a method whose 100-epoch runs compiled on it reached eager's kNN, and a run long enough to repay 20-50 s of compiling on a cold cache (epochs x steps an epoch at least the row's count; steps (methods) per backbone: {_COMPILE_REPAYS}); the start line says what kept a run eager; cached on disk for the next run of the same shapes; --no-compile = eager (docs/benchmarks.md)")
     sync_bn: bool = opt(False, "several GPUs: BatchNorm statistics over the global batch (SimCLR's choice), at one all-reduce per BN layer; CUDA only")
     seed: int = opt(0, "seeds init, split, order and every augmentation draw", range=Range(0, 2**32 - 1))
     max_steps: int = opt(0, "stop after this many steps in all, counted from the run's start (0 = every epoch); at most the steps of --epochs: more is refused, as the learning-rate schedule spans the epochs (raise --epochs to train longer); a run cut short goes on exactly with --resume --max-steps 0", range=Range(0, 10**9))

@@ -21,6 +21,7 @@ from core.device import precision_for
 from core.errors import PipelineError
 from train import augment, distributed
 from train.backbones import BACKBONES
+from train.methods import METHODS
 from train.configs import PretrainConfig
 from train.device_augment import device_view_batches
 from train.optim import build_optimizer, fused_for, param_groups, warmup_cosine
@@ -79,15 +80,18 @@ def use_cuda_graphs(choice: str, device: torch.device, world: int, sync_bn: bool
     return possible and choice in ("on", "auto")
 
 
-def use_compile(choice: bool | None, backbone: str, graphs: bool, world: int = 1, steps: int | None = None) -> bool:
+def use_compile(choice: bool | None, backbone: str, method: str, graphs: bool, world: int = 1,
+                steps: int | None = None) -> bool:
     """--compile / --no-compile as typed; unset, on where it was measured faster: one process, inside the CUDA
     graphs (compiled alone ran slower than eager in the graphs, 27,086 against 31,680 img/s), on a backbone whose
-    row says from how many steps it repays its compiling (train/backbones.Backbone.compile_repays), in a run of at
-    least that many `steps` (None: a run long enough, as `pipeline bench` times). Elsewhere not measured: eager."""
+    row says from how many steps it repays its compiling (train/backbones.Backbone.compile_repays), for a method
+    whose compiled runs on it reached eager's kNN (its compile_methods), in a run of at least that many `steps`
+    (None: a run long enough, as `pipeline bench` times). Elsewhere not measured: eager."""
     if choice is not None:
         return choice
-    repays = BACKBONES[backbone].compile_repays
-    return graphs and world == 1 and repays is not None and (steps is None or steps >= repays)
+    row = BACKBONES[backbone]
+    return (graphs and world == 1 and row.compile_repays is not None and method in row.compile_methods
+            and (steps is None or steps >= row.compile_repays))
 
 
 def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, channels_last: bool, precision) -> None:
@@ -281,7 +285,7 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
     graphs = use_cuda_graphs(cfg.cuda_graphs, device, world, cfg.sync_bn)
     total_steps = steps_per_epoch * cfg.epochs
     # the run's length by its schedule, not by --max-steps: a run cut short and resumed must compile alike
-    compiled = use_compile(cfg.compile, cfg.backbone, graphs, world, None if steady else total_steps)
+    compiled = use_compile(cfg.compile, cfg.backbone, cfg.method, graphs, world, None if steady else total_steps)
     if compiled:  # the forward alone, so the graphs below capture the compiled kernels; state_dict keys stay
         model.backbone.forward = torch.compile(model.backbone.forward)
     captured, loss_graph = "", None
@@ -311,11 +315,15 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
 
 def compile_note(t: Training, cfg: PretrainConfig, world: int) -> str:
     """The start line's word on compiling: True or False, and where --compile was unset and only the run's length
-    kept the step eager, from how many steps compiling would repay, so that a long run's user knows to ask."""
-    if t.compiled or cfg.compile is not None or not use_compile(None, cfg.backbone, t.cuda_graphs, world):
+    or the method kept the step eager on a backbone that compiles faster, why, so that the user knows to ask."""
+    row = BACKBONES[cfg.backbone]
+    if t.compiled or cfg.compile is not None or not (t.cuda_graphs and world == 1 and row.compile_repays):
         return str(t.compiled)
-    repays = BACKBONES[cfg.backbone].compile_repays
-    return f"False (it repays from {repays:,} steps, this run has {t.total_steps:,}: --compile to compile anyway)"
+    if cfg.method not in row.compile_methods:
+        return (f"False ({METHODS[cfg.method].title} compiled on {row.title} has not been shown to reach eager's kNN: "
+                "--compile to compile anyway)")
+    return (f"False (it repays from {row.compile_repays:,} steps, this run has {t.total_steps:,}: --compile to "
+            "compile anyway)")
 
 
 def fp32_backbone(t: Training) -> torch.nn.Module:

@@ -265,36 +265,47 @@ def test_cuda_graphs_policy():
 
 def test_compile_policy_is_on_only_in_the_graphs_for_a_backbone_measured_faster_in_a_run_that_repays_it():
     """Unset: compiled where measured faster (one process, the CUDA graphs on, a row with compile_repays: ResNet-18
-    and -50, MobileNetV3-Small and -Large) in a run of at least the row's steps (or a long run, as bench times),
-    never outside the graphs (compiled alone ran slower than eager in the graphs); typed, as typed."""
+    and -50, MobileNetV3-Small and -Large, EfficientNet-B0), for a method whose compiled runs reached eager's kNN on
+    that backbone (its compile_methods), in a run of at least the row's steps (or a long run, as bench times), never
+    outside the graphs (compiled alone ran slower than eager in the graphs); typed, as typed."""
     from train.backbones import BACKBONES
+    from train.methods import METHODS
 
-    compiled = ["resnet18", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large"]
-    assert [b for b in BACKBONES if training.use_compile(None, b, graphs=True)] == compiled
+    def on(backbone, method="simclr", **kw):
+        return training.use_compile(None, backbone, method, **{"graphs": True, **kw})
+
+    compiled = ["resnet18", "resnet50", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0"]
+    assert [b for b in BACKBONES if on(b)] == compiled
     for name in compiled:
         repays = BACKBONES[name].compile_repays
-        assert training.use_compile(None, name, True, steps=repays)
-        assert not training.use_compile(None, name, True, steps=repays - 1)  # its compiling would not be repaid
-    assert not training.use_compile(None, "mobilenet_v3_small", True, steps=216)  # configs/default.yaml's run
-    assert not training.use_compile(None, "resnet34", True, steps=10**9)  # not measured faster
-    assert not training.use_compile(None, "efficientnet_b0", True, steps=10**9)  # its compiled kNN is too few pairs
-    assert not any(training.use_compile(None, b, graphs=False) for b in BACKBONES)  # the CPU, MPS, --sync-bn runs
-    assert not training.use_compile(None, "resnet18", graphs=True, world=2)  # several GPUs: not measured compiled
-    assert training.use_compile(True, "vit_t_16", graphs=False) and not training.use_compile(False, "resnet18", True)
-    assert training.use_compile(True, "resnet18", True, steps=1)  # typed: even a run too short to repay it
+        assert on(name, steps=repays)
+        assert not on(name, steps=repays - 1)  # its compiling would not be repaid
+        assert set(BACKBONES[name].compile_methods) <= set(METHODS)  # a method the registry knows
+    assert not any(b.compile_methods for b in BACKBONES.values() if b.compile_repays is None)  # faster first
+    for method in METHODS:  # ResNet-18's compiled grid matched eager's kNN for every method
+        assert on("resnet18", method) and on("resnet50", method)
+    for mobile in ("mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0"):  # SimCLR matched, MoCo v3 did not
+        assert [m for m in METHODS if on(mobile, m)] == ["simclr"]
+    assert not on("mobilenet_v3_small", steps=216)  # configs/default.yaml's run
+    assert not on("resnet34", steps=10**9)  # not measured faster
+    assert not any(on(b, graphs=False) for b in BACKBONES)  # the CPU, MPS, --sync-bn runs
+    assert not on("resnet18", world=2)  # several GPUs: not measured compiled
+    assert training.use_compile(True, "vit_t_16", "byol", graphs=False)
+    assert not training.use_compile(False, "resnet18", "simclr", True)
+    assert training.use_compile(True, "efficientnet_b0", "mocov3", True, steps=1)  # typed: even where not the default
 
 
 def test_the_run_asks_to_compile_with_its_scheduled_length_and_bench_as_a_long_run(tiny_overrides, monkeypatch):
     """build_training gives use_compile the run's steps by its schedule (epochs x steps an epoch, not --max-steps:
     a run cut short and resumed compiles as it did), bench none (the step of a run long enough); and the start line
-    says when only the run's length kept it eager, with the steps that would repay compiling."""
+    says when only the run's length kept it eager, with the steps that would repay compiling, or only the method."""
     import dataclasses
 
     from train.backbones import BACKBONES
 
     asked = []
     real = training.use_compile
-    monkeypatch.setattr(training, "use_compile", lambda *a: asked.append(a[4]) or real(*a))
+    monkeypatch.setattr(training, "use_compile", lambda *a: asked.append(a[5]) or real(*a))
     cfg = resolve(PretrainConfig(**{**tiny_overrides, "backbone": "mobilenet_v3_small", "max_steps": 3}))
     t, _ = training.build_training(cfg, torch.device("cpu"), steps_per_epoch=4)
     training.build_training(cfg, torch.device("cpu"), steps_per_epoch=4, steady=True)
@@ -311,6 +322,9 @@ def test_the_run_asks_to_compile_with_its_scheduled_length_and_bench_as_a_long_r
     assert training.compile_note(dataclasses.replace(graphed, compiled=True), cfg, 1) == "True"
     resnet34 = dataclasses.replace(cfg, backbone="resnet34")
     assert training.compile_note(graphed, resnet34, 1) == "False"  # not measured faster
+    mocov3 = dataclasses.replace(cfg, method="mocov3")  # faster on this backbone, not shown to train as well
+    assert training.compile_note(graphed, mocov3, 1) == ("False (MoCo v3 compiled on MobileNetV3-Small has not been "
+                                                         "shown to reach eager's kNN: --compile to compile anyway)")
 
 
 def test_compile_compiles_the_backbones_forward_so_graphs_can_capture_it(tiny_overrides, monkeypatch):
