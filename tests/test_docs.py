@@ -182,3 +182,21 @@ def test_every_benchmark_line_for_this_tree_parses_as_pipeline_bench():
             except click.ClickException as e:
                 wrong.append(f"{path.name}:{n}: {e.format_message()}")
     assert not wrong, "; ".join(wrong)
+
+
+def test_the_compile_defaults_the_docs_state_are_the_registrys():
+    """docs/benchmarks.md states each compiling row's `compile_repays`, in the registry's order, and the backbones
+    that compile SimCLR only: a row changed in train/backbones.py without its measurement's prose fails here."""
+    from train.backbones import BACKBONES
+
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())  # prose wraps anywhere
+    stated = re.search(r"Each row's `compile_repays` is its count rounded up \(([\d, ]+)\)", text)
+    assert stated, "docs/benchmarks.md no longer states the rows' compile_repays"
+    rows = [b for b in BACKBONES.values() if b.compile_repays]
+    assert stated.group(1) == ", ".join(f"{b.compile_repays:,}" for b in rows)
+    named = re.search(r"([\w\-, ]+?) compile SimCLR only", text)
+    assert named, "docs/benchmarks.md no longer names the backbones that compile SimCLR only"
+    titles = []
+    for t in re.split(r", | and ", named.group(1).strip()):  # "MobileNetV3-Small, -Large and ...": a shared stem
+        titles.append(titles[-1].rsplit("-", 1)[0] + t if t.startswith("-") else t)
+    assert titles == [b.title for b in rows if b.compile_methods == ("simclr",)]
