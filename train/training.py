@@ -21,9 +21,9 @@ from core.device import precision_for
 from core.errors import PipelineError
 from train import augment, distributed
 from train.backbones import BACKBONES
-from train.methods import METHODS
 from train.configs import PretrainConfig
 from train.device_augment import device_view_batches
+from train.methods import METHODS
 from train.optim import build_optimizer, fused_for, param_groups, warmup_cosine
 from train.preprocess import PIL_PREPROCESS
 from train.runspec import build_model, peak_lr
