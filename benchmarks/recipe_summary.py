@@ -5,6 +5,13 @@ init of the same seeds, with the pretraining wall times.
 
     python benchmarks/recipe_summary.py --finished OUT_DIR   (the cells already done, for recipes_gpu.sh)
 
+    python benchmarks/recipe_summary.py --pairs eager compiled FILE.jsonl [FILE.jsonl ...]
+
+--pairs compares two variants of the same cells, seed by seed (the second minus the first): per backbone, dataset
+and method, then per method over every backbone and dataset in the files given, as mean ± std with the paired t
+(mean / (std / sqrt(n))), the evidence docs/benchmarks.md asks of a compile default (train/backbones.py's
+compile_methods).
+
 Reads OUT_DIR/results.jsonl (one line per kNN, written by benchmarks/recipe_knn.py) and OUT_DIR/wall.txt; a grid
 of several backbones gets one table per backbone (lines without a backbone tag are ResNet-18's). Per cell:
 mean ± sample standard deviation over seeds, [min, max], the gain over random init as the mean ± std of the
@@ -14,6 +21,7 @@ per-seed paired differences, and the mean pretraining wall time (shared-GPU time
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -28,10 +36,10 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.1f}{sd} [{min(xs):.1f}, {max(xs):.1f}]"
 
 
-def read_rows(out: Path) -> list[dict]:
+def read_rows(out: Path, name: str = "results.jsonl") -> list[dict]:
     """results.jsonl's lines; a blank one, or one a kill cut short, is skipped (the grid runs that cell again)."""
     rows = []
-    for line in (out / "results.jsonl").read_text().splitlines():
+    for line in (out / name).read_text().splitlines():
         try:
             rows.append(json.loads(line))
         except ValueError:
@@ -101,10 +109,45 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def pairs(rows: list[dict], first: str, second: str) -> list[str]:
+    """second - first per seed, for every backbone, dataset and method that ran both variants of a seed."""
+    got: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        if "failed" not in r and r.get("variant") in (first, second):
+            got[cell(r)[:4]][r["variant"]] = r["knn_top1"]
+    by_cell: dict[tuple, list[tuple[str, float]]] = defaultdict(list)
+    for (backbone, ds, method, seed), v in sorted(got.items()):
+        if first in v and second in v:
+            by_cell[(backbone, ds, method)].append((seed, v[second] - v[first]))
+
+    def stats(ds: list[float]) -> str:
+        if len(ds) < 2:
+            return f"{ds[0]:+.1f} (one pair)"
+        sd = statistics.stdev(ds)
+        t = f", paired t {statistics.mean(ds) / (sd / math.sqrt(len(ds))):.2f}" if sd > 0 else ""
+        return f"{statistics.mean(ds):+.1f} ± {sd:.1f} over {len(ds)} pairs{t}"
+
+    lines = [f"kNN top-1 points, {second} - {first}, per seed"]
+    by_method: dict[str, list[float]] = defaultdict(list)
+    for (backbone, ds, method), its in by_cell.items():
+        by_method[method] += [d for _, d in its]
+        each = ", ".join(f"s{seed} {d:+.1f}" for seed, d in its)
+        lines.append(f"  {backbone} {ds} {method}: {each}; {stats([d for _, d in its])}")
+    for method, ds in sorted(by_method.items()):
+        lines.append(f"{method}, every backbone and set: {stats(ds)}")
+    return lines
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--finished":  # one cell a line, tab-separated
         print("\n".join("\t".join(c) for c in sorted(finished(read_rows(Path(sys.argv[2]))))))
+    elif len(sys.argv) >= 5 and sys.argv[1] == "--pairs":
+        rows = []
+        for f in sys.argv[4:]:  # results.jsonl files, whichever folders and names they were kept under
+            rows += read_rows(Path(f).parent, Path(f).name)
+        print("\n".join(pairs(rows, sys.argv[2], sys.argv[3])))
     elif len(sys.argv) == 2:
         print(summarize(Path(sys.argv[1])))
     else:
-        raise SystemExit("usage: python benchmarks/recipe_summary.py [--finished] OUT_DIR")
+        raise SystemExit("usage: python benchmarks/recipe_summary.py [--finished] OUT_DIR\n"
+                         "       python benchmarks/recipe_summary.py --pairs VARIANT_A VARIANT_B FILE.jsonl...")

@@ -121,7 +121,7 @@ class Backbone:
 
 
 # ResNet-18's compiled grid (3 seeds, SimCLR, BYOL and MoCo v3) matched eager's kNN; ResNet-50 follows it. On the
-# mobile nets SimCLR matched (9 pairs, -0.0 +- 0.9 points) and MoCo v3 did not show it (9 pairs, -2.9 +- 5.8).
+# mobile nets SimCLR matched (9 pairs, -0.0 +- 0.8 points) and MoCo v3 did not show it (9 pairs, -2.9 +- 5.8).
 _EVERY_METHOD = ("simclr", "byol", "mocov3")
 
 

@@ -1,0 +1,43 @@
+"""benchmarks/recipe_summary.py --pairs: the seed-by-seed comparison of two variants a compile default rests on."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("recipe_summary", ROOT / "benchmarks" / "recipe_summary.py")
+recipe_summary = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(recipe_summary)
+
+
+def row(backbone, method, seed, variant, knn, **extra):
+    return {"backbone": backbone, "dataset": "textures", "method": method, "seed": str(seed), "variant": variant,
+            "knn_top1": knn, **extra}
+
+
+ROWS = [row("b1", "m", 0, "eager", 80.0), row("b1", "m", 0, "compiled", 78.0),
+        row("b1", "m", 1, "eager", 82.0), row("b1", "m", 1, "compiled", 83.0),
+        row("b1", "m", 2, "eager", 81.0),  # its compiled run failed: no pair
+        row("b1", "m", 2, "compiled", 0.0, failed="pretrain"),
+        row("b2", "m", 0, "eager", 70.0), row("b2", "m", 0, "compiled", 64.0),
+        row("b1", "random-init", 0, "-", 50.0), row("b1", "other", 0, "auto", 60.0)]
+
+
+def test_pairs_are_the_second_variant_minus_the_first_per_seed_and_per_method_over_every_backbone():
+    lines = recipe_summary.pairs(ROWS, "eager", "compiled")
+    assert lines[1] == "  b1 textures m: s0 -2.0, s1 +1.0; -0.5 ± 2.1 over 2 pairs, paired t -0.33"
+    assert lines[2] == "  b2 textures m: s0 -6.0; -6.0 (one pair)"
+    assert lines[3] == "m, every backbone and set: -2.3 ± 3.5 over 3 pairs, paired t -1.15"
+    assert len(lines) == 4  # the random init and a method with one variant make no pair
+
+
+def test_pairs_reads_results_files_under_any_name(tmp_path):
+    a, b = tmp_path / "knn-textures.jsonl", tmp_path / "other" / "results.jsonl"
+    b.parent.mkdir()
+    a.write_text("\n".join(json.dumps(r) for r in ROWS[:6]) + "\n")
+    b.write_text("\n".join(json.dumps(r) for r in ROWS[6:]) + "\n{\"cut short\n")  # a line a kill cut short
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recipe_summary.py"), "--pairs", "eager",
+                           "compiled", str(a), str(b)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "m, every backbone and set: -2.3 ± 3.5 over 3 pairs, paired t -1.15"
