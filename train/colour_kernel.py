@@ -30,6 +30,10 @@ BLOCK = 1024  # pixels a program: 50 blocks an image at 224 px, one at 32 px
 # tl.constexpr, since a jitted function may read no other module-level value: Triton's compiler refuses one (its CPU
 # interpreter does not), which tests/train/test_colour_kernel.py checks by compiling for a Hopper GPU on the CPU.
 A, SAT, CON, HUE_ON, HUE, GRAY, WIDTH = (tl.constexpr(c) for c in (0, 6, 12, 18, 19, 20, 21))
+# Both launches' compile options, named rather than left to Triton's default: fused multiply-adds, as the kernels were
+# measured and tested on the GPU. Triton 3.10 turns that default off (3.9 warns while TRITON_DEFAULT_FP_FUSION is
+# unset); named here, a newer Triton compiles the same arithmetic.
+OPTIONS = {"enable_fp_fusion": True}
 
 
 @triton.jit
@@ -131,7 +135,7 @@ def colour(x: torch.Tensor, a: torch.Tensor, sat: torch.Tensor, con: torch.Tenso
     sums = torch.empty(m, blocks, device=x.device, dtype=torch.float32)
     out = torch.empty(m, h, 3, w, device=x.device, dtype=x.dtype).permute(0, 2, 1, 3)
     sn, sc, sh, _ = x.stride()
-    _contrast_sums[(m, blocks)](x, rows, sums, h * w, w, sn, sc, sh, blocks, BLOCK=BLOCK)
+    _contrast_sums[(m, blocks)](x, rows, sums, h * w, w, sn, sc, sh, blocks, BLOCK=BLOCK, **OPTIONS)
     _jittered[(m, blocks)](x, rows, sums, out, h * w, w, sn, sc, sh, *out.stride()[:3], blocks, BLOCK=BLOCK,
-                           BLOCKS=triton.next_power_of_2(blocks))
+                           BLOCKS=triton.next_power_of_2(blocks), **OPTIONS)
     return out

@@ -94,8 +94,11 @@ def test_kernels_compile_for_a_hopper_gpu(dtype):
     for kernel, constexprs in ((colour_kernel._contrast_sums, {"BLOCK": colour_kernel.BLOCK}),
                                (colour_kernel._jittered, {"BLOCK": colour_kernel.BLOCK, "BLOCKS": 64})):
         signature = {name: kind(name, constexprs) for name in kernel.arg_names}
-        compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32))
+        compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                                  options=colour_kernel.OPTIONS)  # as colour() launches them
         assert compiled.asm["cubin"], kernel.__name__
+        # the blends as fused multiply-adds, whatever a newer Triton's default (off, from 3.10) would have made
+        assert "fma.rn.f32" in compiled.asm["ptx"], kernel.__name__
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels need a CUDA GPU")
