@@ -143,8 +143,10 @@ if __name__ == "__main__":
         print("\n".join("\t".join(c) for c in sorted(finished(read_rows(Path(sys.argv[2]))))))
     elif len(sys.argv) >= 5 and sys.argv[1] == "--pairs":
         rows = []
-        for f in sys.argv[4:]:  # results.jsonl files, whichever folders and names they were kept under
-            rows += read_rows(Path(f).parent, Path(f).name)
+        for f in map(Path, sys.argv[4:]):  # results.jsonl files, whichever folders and names they were kept under
+            if not f.is_file():
+                raise SystemExit(f"error: no results file {f}")
+            rows += read_rows(f.parent, f.name)
         print("\n".join(pairs(rows, sys.argv[2], sys.argv[3])))
     elif len(sys.argv) == 2:
         print(summarize(Path(sys.argv[1])))

@@ -41,3 +41,9 @@ def test_pairs_reads_results_files_under_any_name(tmp_path):
                            "compiled", str(a), str(b)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "m, every backbone and set: -2.3 ± 3.5 over 3 pairs, paired t -1.15"
+
+
+def test_pairs_names_a_missing_file_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recipe_summary.py"), "--pairs", "eager",
+                           "compiled", str(tmp_path / "none.jsonl")], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr == f"error: no results file {tmp_path / 'none.jsonl'}\n"
