@@ -36,10 +36,10 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.1f}{sd} [{min(xs):.1f}, {max(xs):.1f}]"
 
 
-def read_rows(out: Path, name: str = "results.jsonl") -> list[dict]:
-    """results.jsonl's lines; a blank one, or one a kill cut short, is skipped (the grid runs that cell again)."""
+def read_rows(path: Path) -> list[dict]:
+    """A results.jsonl's lines; a blank one, or one a kill cut short, is skipped (the grid runs that cell again)."""
     rows = []
-    for line in (out / name).read_text().splitlines():
+    for line in path.read_text().splitlines():
         try:
             rows.append(json.loads(line))
         except ValueError:
@@ -58,7 +58,7 @@ def finished(rows: list[dict]) -> set[tuple[str, ...]]:
 
 
 def summarize(out: Path) -> str:
-    rows = read_rows(out)
+    rows = read_rows(out / "results.jsonl")
     lines = []
     wall = out / "wall.txt"
     if wall.is_file():
@@ -123,9 +123,9 @@ def pairs(rows: list[dict], first: str, second: str) -> list[str]:
     def stats(ds: list[float]) -> str:
         if len(ds) < 2:
             return f"{ds[0]:+.1f} (one pair)"
-        sd = statistics.stdev(ds)
-        t = f", paired t {statistics.mean(ds) / (sd / math.sqrt(len(ds))):.2f}" if sd > 0 else ""
-        return f"{statistics.mean(ds):+.1f} ± {sd:.1f} over {len(ds)} pairs{t}"
+        mean, sd = statistics.mean(ds), statistics.stdev(ds)
+        t = f", paired t {mean / (sd / math.sqrt(len(ds))):.2f}" if sd > 0 else ""
+        return f"{mean:+.1f} ± {sd:.1f} over {len(ds)} pairs{t}"
 
     lines = [f"kNN top-1 points, {second} - {first}, per seed"]
     by_method: dict[str, list[float]] = defaultdict(list)
@@ -140,13 +140,13 @@ def pairs(rows: list[dict], first: str, second: str) -> list[str]:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--finished":  # one cell a line, tab-separated
-        print("\n".join("\t".join(c) for c in sorted(finished(read_rows(Path(sys.argv[2]))))))
+        print("\n".join("\t".join(c) for c in sorted(finished(read_rows(Path(sys.argv[2]) / "results.jsonl")))))
     elif len(sys.argv) >= 5 and sys.argv[1] == "--pairs":
         rows = []
         for f in map(Path, sys.argv[4:]):  # results.jsonl files, whichever folders and names they were kept under
             if not f.is_file():
                 raise SystemExit(f"error: no results file {f}")
-            rows += read_rows(f.parent, f.name)
+            rows += read_rows(f)
         print("\n".join(pairs(rows, sys.argv[2], sys.argv[3])))
     elif len(sys.argv) == 2:
         print(summarize(Path(sys.argv[1])))

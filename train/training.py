@@ -82,16 +82,26 @@ def use_cuda_graphs(choice: str, device: torch.device, world: int, sync_bn: bool
 
 def use_compile(choice: bool | None, backbone: str, method: str, graphs: bool, world: int = 1,
                 steps: int | None = None) -> bool:
-    """--compile / --no-compile as typed; unset, on where it was measured faster: one process, inside the CUDA
+    """--compile / --no-compile as typed; unset, the default (compile_default)."""
+    return choice if choice is not None else compile_default(backbone, method, graphs, world, steps)[0]
+
+
+def compile_default(backbone: str, method: str, graphs: bool, world: int = 1,
+                    steps: int | None = None) -> tuple[bool, str]:
+    """With --compile unset: (compiled, why not), on where it was measured faster: one process, inside the CUDA
     graphs (compiled alone ran slower than eager in the graphs, 27,086 against 31,680 img/s), on a backbone whose
     row says from how many steps it repays its compiling (train/backbones.Backbone.compile_repays), for a method
     whose compiled runs on it reached eager's kNN (its compile_methods), in a run of at least that many `steps`
-    (None: a run long enough, as `pipeline bench` times). Elsewhere not measured: eager."""
-    if choice is not None:
-        return choice
+    (None: a run long enough, as `pipeline bench` times). Elsewhere not measured: eager. `why not` names what kept
+    a backbone that compiles faster here eager (the method, or the run's length), for the start line; else ""."""
     row = BACKBONES[backbone]
-    return (graphs and world == 1 and row.compile_repays is not None and method in row.compile_methods
-            and (steps is None or steps >= row.compile_repays))
+    if not (graphs and world == 1 and row.compile_repays is not None):
+        return False, ""
+    if method not in row.compile_methods:
+        return False, f"{METHODS[method].title} compiled on {row.title} has not been shown to reach eager's kNN"
+    if steps is not None and steps < row.compile_repays:
+        return False, f"it repays from {row.compile_repays:,} steps, this run has {steps:,}"
+    return True, ""
 
 
 def graph_backbone(backbone: torch.nn.Module, batch: int, image_size: int, channels_last: bool, precision) -> None:
@@ -314,16 +324,12 @@ def build_training(cfg: PretrainConfig, device: torch.device, steps_per_epoch: i
 
 
 def compile_note(t: Training, cfg: PretrainConfig, world: int) -> str:
-    """The start line's word on compiling: True or False, and where --compile was unset and only the run's length
-    or the method kept the step eager on a backbone that compiles faster, why, so that the user knows to ask."""
-    row = BACKBONES[cfg.backbone]
-    if t.compiled or cfg.compile is not None or not (t.cuda_graphs and world == 1 and row.compile_repays):
+    """The start line's word on compiling: True or False, and where --compile was unset and the method or the run's
+    length kept the step eager on a backbone that compiles faster, why, so that the user knows to ask."""
+    if t.compiled or cfg.compile is not None:
         return str(t.compiled)
-    if cfg.method not in row.compile_methods:
-        return (f"False ({METHODS[cfg.method].title} compiled on {row.title} has not been shown to reach eager's kNN: "
-                "--compile to compile anyway)")
-    return (f"False (it repays from {row.compile_repays:,} steps, this run has {t.total_steps:,}: --compile to "
-            "compile anyway)")
+    why = compile_default(cfg.backbone, cfg.method, t.cuda_graphs, world, t.total_steps)[1]
+    return f"False ({why}: --compile to compile anyway)" if why else "False"
 
 
 def fp32_backbone(t: Training) -> torch.nn.Module:
