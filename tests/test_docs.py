@@ -184,6 +184,37 @@ def test_every_benchmark_line_for_this_tree_parses_as_pipeline_bench():
     assert not wrong, "; ".join(wrong)
 
 
+def _titles(phrase):
+    """The backbone titles a prose list names: "MobileNetV3-Small, -Large and EfficientNet-B0" (a shared stem)."""
+    titles = []
+    for t in re.split(r", | and ", phrase.strip()):
+        titles.append(titles[-1].rsplit("-", 1)[0] + t if t.startswith("-") else t)
+    return titles
+
+
+# Where each document lists the compile defaults: (file, pattern whose groups are the every-method list and the
+# SimCLR-only list). docs/benchmarks.md names the SimCLR-only rows beside its measurements (the test below).
+COMPILE_LISTS = [
+    ("README.md", r"repay the compiling: ([\w\-, ]+?) for every method; ([\w\-, ]+?) for SimCLR,"),
+    ("docs/recipes.md", r"on CUDA ([\w\-, ]+?) \(every method\) and ([\w\-, ]+?) \(SimCLR:"),
+]
+
+
+@pytest.mark.parametrize("doc, pattern", COMPILE_LISTS, ids=[d for d, _ in COMPILE_LISTS])
+def test_the_compile_defaults_each_document_lists_are_the_registrys(doc, pattern):
+    """README and recipes.md say in prose which backbones compile which methods by default: a row's
+    compile_methods changed in train/backbones.py without these sentences fails here."""
+    from train.backbones import BACKBONES
+    from train.methods import METHODS
+
+    text = " ".join((ROOT / doc).read_text().split())  # prose wraps anywhere
+    stated = re.search(pattern, text)
+    assert stated, f"{doc} no longer lists the compile defaults as this test reads them"
+    every = [b.title for b in BACKBONES.values() if set(b.compile_methods) == set(METHODS)]
+    simclr = [b.title for b in BACKBONES.values() if b.compile_methods == ("simclr",)]
+    assert (_titles(stated.group(1)), _titles(stated.group(2))) == (every, simclr)
+
+
 def test_the_compile_defaults_the_docs_state_are_the_registrys():
     """docs/benchmarks.md states each compiling row's `compile_repays`, in the registry's order, and the backbones
     that compile SimCLR only: a row changed in train/backbones.py without its measurement's prose fails here."""
@@ -196,7 +227,4 @@ def test_the_compile_defaults_the_docs_state_are_the_registrys():
     assert stated.group(1) == ", ".join(f"{b.compile_repays:,}" for b in rows)
     named = re.search(r"([\w\-, ]+?) compile SimCLR only", text)
     assert named, "docs/benchmarks.md no longer names the backbones that compile SimCLR only"
-    titles = []
-    for t in re.split(r", | and ", named.group(1).strip()):  # "MobileNetV3-Small, -Large and ...": a shared stem
-        titles.append(titles[-1].rsplit("-", 1)[0] + t if t.startswith("-") else t)
-    assert titles == [b.title for b in rows if b.compile_methods == ("simclr",)]
+    assert _titles(named.group(1)) == [b.title for b in rows if b.compile_methods == ("simclr",)]
