@@ -130,9 +130,10 @@ def pairs(rows: list[dict], first: str, second: str) -> list[str]:
     lines = [f"kNN top-1 points, {second} - {first}, per seed"]
     by_method: dict[str, list[float]] = defaultdict(list)
     for (backbone, ds, method), its in by_cell.items():
-        by_method[method] += [d for _, d in its]
+        diffs = [d for _, d in its]
+        by_method[method] += diffs
         each = ", ".join(f"s{seed} {d:+.1f}" for seed, d in its)
-        lines.append(f"  {backbone} {ds} {method}: {each}; {stats([d for _, d in its])}")
+        lines.append(f"  {backbone} {ds} {method}: {each}; {stats(diffs)}")
     for method, ds in sorted(by_method.items()):
         lines.append(f"{method}, every backbone and set: {stats(ds)}")
     return lines

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.train.test_methods import _tiny_method
 from train.methods import byol, mocov3
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,13 +28,7 @@ def patched(monkeypatch):
 
 
 def _tiny(method):
-    from train.configs import PretrainConfig
-    from train.runspec import build_model, resolve
-
-    torch.manual_seed(0)
-    cfg = resolve(PretrainConfig(method=method, backbone="resnet18", image_size=16, proj_dim=16, proj_hidden_dim=32,
-                                 pred_hidden_dim=32))
-    return build_model(cfg)[0].eval()
+    return _tiny_method(method)[0].eval()
 
 
 @pytest.mark.parametrize("method, copy", [("mocov3", "momentum_backbone"), ("byol", "target_backbone")])
