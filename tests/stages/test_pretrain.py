@@ -284,8 +284,10 @@ def test_compile_policy_is_on_only_in_the_graphs_for_a_backbone_measured_faster_
     assert not any(b.compile_methods for b in BACKBONES.values() if b.compile_repays is None)  # faster first
     for method in METHODS:  # ResNet-18's compiled grid matched eager's kNN for every method
         assert on("resnet18", method) and on("resnet50", method)
-    for mobile in ("mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0"):  # SimCLR matched, MoCo v3 did not
-        assert [m for m in METHODS if on(mobile, m)] == ["simclr"]
+    # on the mobile nets SimCLR matched eager's kNN and MoCo v3 did not; BYOL matched on the MobileNets only
+    for mobile in ("mobilenet_v3_small", "mobilenet_v3_large"):
+        assert {m for m in METHODS if on(mobile, m)} == {"simclr", "byol"}
+    assert [m for m in METHODS if on("efficientnet_b0", m)] == ["simclr"]
     assert not on("mobilenet_v3_small", steps=216)  # configs/default.yaml's run
     assert not on("resnet34", steps=10**9)  # not measured faster
     assert not any(on(b, graphs=False) for b in BACKBONES)  # the CPU, MPS, --sync-bn runs
