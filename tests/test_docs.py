@@ -233,7 +233,8 @@ def test_the_compile_defaults_each_document_lists_are_the_registrys(doc, pattern
 
 def test_the_compile_defaults_the_docs_state_are_the_registrys():
     """docs/benchmarks.md states each compiling row's `compile_repays`, in the registry's order, and the backbones
-    that compile SimCLR and BYOL, and SimCLR only: a row changed in train/backbones.py without its measurement's prose fails here."""
+    that compile SimCLR and BYOL, and SimCLR only: a row changed in train/backbones.py without its measurement's
+    prose fails here."""
     from train.backbones import BACKBONES
 
     text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())  # prose wraps anywhere
