@@ -114,7 +114,8 @@ def _view(run: Path, dst: Path, keep: list[str], replace: dict[str, Path] | None
 def test_compressed_artifacts_are_gated_on_use(compressed_run, tmp_path, monkeypatch):
     """Each compressed artifact gets the gates on use, and its own probe: every probe fit (C's selection, the fp32
     encoder's probe, each artifact's) holds the train rows of one model and no val row of any, each row checked
-    against every model's val features."""
+    against every model's val features. (Whether a drop fails its gate is tests/export/test_parity.py's and
+    test_shipped_gates.py's: here both drops are let through.)"""
     import torch
 
     from export.encoder import load_encoder
@@ -125,7 +126,11 @@ def test_compressed_artifacts_are_gated_on_use(compressed_run, tmp_path, monkeyp
 
     files = ["encoder.int8.mlpackage", "encoder.palettize-4.mlpackage", "encoder.palettize-4.mlmodel"]
     view = _view(compressed_run, tmp_path / "run", files)
-    cfg = load_config(ValidateConfig, None, {"coreml_runtime": "off"})
+    # The kNN and probe drops of this one-epoch run are read on 8 val images, so one image that changes its label
+    # is 0.125, past the shipped 0.03; which one does follows the CPU's kernels (ATEN_CPU_CAPABILITY=default
+    # flips one under palettize-4, avx2 and avx512 none). Let through, so the run completes on every CPU.
+    cfg = load_config(ValidateConfig, None, {"coreml_runtime": "off", "compressed_max_knn_drop": 1.0,
+                                             "compressed_max_probe_drop": 1.0})
     encoder, state = load_encoder(view / rundir.EXPORT / "encoder.pt")
     val, _, _ = validate.labelled_val_images(view, int(state["image_size"]), cfg.max_images)
     train, _, _ = validate.train_images(view, int(state["image_size"]), cfg.max_train_images)
