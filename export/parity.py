@@ -24,6 +24,8 @@ share one direction, the standardised near-constant dimensions make it fall to c
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 PRECISIONS = ("fp32", "fp16", "compressed")  # compressed: weights of `pipeline export --compress`, gated on use
@@ -87,6 +89,24 @@ def _topk_failure(metrics: dict, bound: float) -> str:
     return phrase + (f" ({UNRESOLVED} {floor:.3f})" if floor is not None and floor < bound else "")
 
 
+FEW_LABELLED = "labelled val images, each alone moving it by"  # gate_failures' phrase; validate explains it once
+
+
+def labelled_needed(bound: float) -> int | None:
+    """The fewest labelled val images on which one image changing its answer stays within a drop bound (34 for
+    0.03): a drop is a count of images over n, so on fewer the gate cannot tell one image from a real loss. None
+    for a bound of 0, which asks that no image change at any n."""
+    return math.ceil(1 / bound - 1e-9) if bound > 0 else None
+
+
+def _drop_failure(metrics: dict, key: str, bound: float) -> str:
+    """The failed drop gate's phrase, saying how many images the drop was read on when one of them alone exceeds
+    the bound."""
+    phrase = f"{key} {metrics[key]:.3f} > {bound:g}"
+    n, needed = metrics.get("labelled_images"), labelled_needed(bound)
+    return phrase + (f" ({n} {FEW_LABELLED} {1 / n:.3f})" if n and needed and n < needed else "")
+
+
 def knn_top1(feats, labels, k: int) -> float | None:
     """Leave-one-out majority-vote kNN top-1 within the set (cosine; ties to the lowest class); None: < 2 images."""
     labels = np.asarray(labels)
@@ -126,19 +146,19 @@ def probe_top1(train_x, train_labels, val_x, val_labels, c: float) -> float:
 
 def probe_metrics(reference: dict, out_train, train_labels, out_val, val_labels) -> dict:
     """The artifact's own probe (fitted on its train features with the reference's C) against the fp32 encoder's:
-    probe_drop > 0 when the artifact's classifier answers worse."""
+    probe_drop > 0 when the artifact's classifier answers worse, read on labelled_images val images."""
     top1 = probe_top1(out_train, train_labels, out_val, val_labels, reference["c"])
-    return {"probe_c": reference["c"], "probe_top1_ref": reference["top1"], "probe_top1": top1,
+    return {"labelled_images": len(val_labels), "probe_c": reference["c"], "probe_top1_ref": reference["top1"], "probe_top1": top1,
             "probe_drop": reference["top1"] - top1}
 
 
 def use_metrics(ref, out, labels, k: int) -> dict:
-    """Leave-one-out kNN top-1 within the labelled val images, fp32 encoder against artifact, and the drop
-    (positive: the artifact answers worse). Empty without labels. The probe is probe_metrics: it needs train rows."""
+    """Leave-one-out kNN top-1 within the labelled val images, fp32 encoder against artifact, the drop (positive:
+    the artifact answers worse) and how many images it was read on. Empty without labels. The probe is probe_metrics: it needs train rows."""
     if labels is None or len(labels) < 2:
         return {}
     kr, ka = knn_top1(ref, labels, k), knn_top1(out, labels, k)
-    return {"knn_k": min(k, len(labels) - 1), "knn_top1_ref": kr, "knn_top1": ka,
+    return {"labelled_images": len(labels), "knn_k": min(k, len(labels) - 1), "knn_top1_ref": kr, "knn_top1": ka,
             "knn_drop": None if kr is None else kr - ka}
 
 
@@ -190,7 +210,7 @@ def gate_failures(metrics: dict, precision: str, *, fp32_max_abs: float, fp32_mi
             fails.append(f"worst_cosine {metrics['worst_cosine']:.4f} < {compressed_min_cosine:g}")
         for key, bound in (("knn_drop", compressed_max_knn_drop), ("probe_drop", compressed_max_probe_drop)):
             if metrics.get(key) is not None and not metrics[key] <= bound:
-                fails.append(f"{key} {metrics[key]:.3f} > {bound:g}")
+                fails.append(_drop_failure(metrics, key, bound))
         return fails
     if precision == "fp32":
         if not metrics["max_abs"] <= fp32_max_abs:

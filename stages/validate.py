@@ -40,6 +40,16 @@ COMPRESSED_WHY = ("a compressed file that fails moves this encoder's embeddings 
                   "--compress (palettize-6, or int8, which keeps the most) or ship the fp16 file")
 
 
+def few_labelled_why(cfg: ValidateConfig, n_val: int) -> str:
+    """Why a drop gate failed on a single image, and the two ways out: more labelled val images, or the drops
+    left to the other gates."""
+    needed = max(filter(None, map(parity.labelled_needed,
+                                  (cfg.compressed_max_knn_drop, cfg.compressed_max_probe_drop))))
+    return (f"on {n_val} labelled val images one image that changes its answer exceeds the drop bounds, which need "
+            f"{needed} or more: hold out more (pretrain --val-fraction, or more photos per folder), or judge the "
+            f"file by its top-k and cosine gates alone (--compressed-max-knn-drop 1 --compressed-max-probe-drop 1)")
+
+
 def check(cfg: ValidateConfig) -> None:
     if cfg.max_images < 1:
         raise PipelineError(f"--max-images must be >= 1, got {cfg.max_images}")
@@ -319,12 +329,19 @@ def run(cfg: ValidateConfig, run_dir: Path, say=print) -> dict:
     say(f"wrote {run_dir / rundir.VALIDATE / PARITY}")
     failed = [r for r in rows if not r["passed"]]
     if failed:
-        named = "; ".join(f"{r['artifact']} ({r['runtime']}): {', '.join(r['failures'])}" for r in failed)
-        unresolved = any(parity.UNRESOLVED in f for r in failed for f in r["failures"])
-        compressed = any(r["precision"] == "compressed" for r in failed)
-        raise PipelineError(f"parity gate failed: {named}" + (f" - {parity.UNRESOLVED_WHY}" if unresolved else "")
-                            + (f" - {COMPRESSED_WHY}" if compressed else ""))
+        raise PipelineError(failure_message(failed, cfg, n_val))
     return result
+
+
+def failure_message(failed: list[dict], cfg: ValidateConfig, n_val: int) -> str:
+    """One line: each failed row's gates, then what to do about each kind of failure among them, once."""
+    named = "; ".join(f"{r['artifact']} ({r['runtime']}): {', '.join(r['failures'])}" for r in failed)
+    phrases = [f for r in failed for f in r["failures"]]
+    unresolved = any(parity.UNRESOLVED in f for f in phrases)
+    few = any(parity.FEW_LABELLED in f for f in phrases)
+    compressed = any(r["precision"] == "compressed" for r in failed)
+    return (f"parity gate failed: {named}" + (f" - {parity.UNRESOLVED_WHY}" if unresolved else "")
+            + (f" - {few_labelled_why(cfg, n_val)}" if few else "") + (f" - {COMPRESSED_WHY}" if compressed else ""))
 
 
 def _fmt(v, spec: str) -> str:

@@ -268,7 +268,8 @@ def test_knn_top1_votes_every_other_image_when_k_reaches_past_them():
 def test_use_metrics_of_the_fewest_images_they_read():
     """Two labelled images: each one's only neighbour votes (k 1), and every field is there by name; fewer: none."""
     ref = np.array([[1.0, 0.0], [0.9, 0.1]])
-    assert parity.use_metrics(ref, ref, np.array([0, 0]), 10) == {"knn_k": 1, "knn_top1_ref": 1.0, "knn_top1": 1.0,
+    assert parity.use_metrics(ref, ref, np.array([0, 0]), 10) == {"labelled_images": 2, "knn_k": 1,
+                                                                  "knn_top1_ref": 1.0, "knn_top1": 1.0,
                                                                   "knn_drop": 0.0}
     assert parity.use_metrics(ref[:1], ref[:1], np.array([0]), 10) == {}
 
@@ -331,6 +332,7 @@ def test_each_models_own_probe_sees_an_artifact_lose_class_information(noise, fa
     rng = np.random.default_rng(3)
     out_tr, out_va = (_unit(x + noise * rng.standard_normal(x.shape)) for x in (tr, va))
     m = parity.probe_metrics(parity.reference_probe(tr, ty, va, vy, 0.2, seed=0), out_tr, ty, out_va, vy)
+    assert m["labelled_images"] == len(vy) == 120
     failures = parity.gate_failures({"topk_agreement": 1.0, "top_k": 10, "worst_cosine": 1.0, **m}, "compressed",
                                     **GATES, compressed_min_topk=0.8, compressed_max_knn_drop=0.03,
                                     compressed_max_probe_drop=0.03, compressed_min_cosine=0.9)
@@ -338,6 +340,40 @@ def test_each_models_own_probe_sees_an_artifact_lose_class_information(noise, fa
         assert m["probe_drop"] > 0.1 and failures == [f"probe_drop {m['probe_drop']:.3f} > 0.03"]
     else:
         assert m["probe_drop"] == 0.0 and failures == []
+
+
+def test_a_drop_bound_needs_the_images_that_resolve_it():
+    """A drop is a count of images over n: 0.03 is resolved by 34 images (1/34 <= 0.03 < 1/33), 0.05 by exactly
+    20, and a bound of 0 by none (no image may change, at any n)."""
+    assert [parity.labelled_needed(b) for b in (0.03, 0.05, 0.1, 0.5, 1.0, 0.0)] == [34, 20, 10, 2, 1, None]
+    assert 1 / 34 <= 0.03 < 1 / 33
+
+
+GATES_COMPRESSED = dict(GATES, compressed_min_topk=0.8, compressed_max_knn_drop=0.03, compressed_max_probe_drop=0.03,
+                        compressed_min_cosine=0.9)
+
+
+def test_a_drop_gate_says_when_one_image_alone_exceeds_it():
+    """Eight labelled val images, one of them moved to another class's features: the kNN answer of that image
+    flips, a drop of exactly 1/8, and the failure says the gate was read on too few images to tell one image from
+    a loss. On 34 or more the phrase is gone: a failed drop there is more than one image."""
+    labels = np.repeat(np.arange(2), 4)
+    ref = np.eye(2)[labels] + 0.01 * np.arange(8)[:, None]
+    out = ref.copy()
+    out[0] = ref[7]  # image 0 (class 0) now looks like class 1
+    m = {"topk_agreement": 1.0, "top_k": 7, "worst_cosine": 1.0, **parity.use_metrics(ref, out, labels, 3)}
+    assert m["knn_drop"] == 1 / 8 and m["labelled_images"] == 8
+    assert parity.gate_failures(m, "compressed", **GATES_COMPRESSED) == [
+        f"knn_drop 0.125 > 0.03 (8 {parity.FEW_LABELLED} 0.125)"]
+    for n, drops, phrased in ((33, 1, True), (34, 2, False), (120, 5, False)):
+        m = {"topk_agreement": 1.0, "top_k": 10, "worst_cosine": 1.0, "labelled_images": n, "knn_drop": drops / n}
+        fails = parity.gate_failures(m, "compressed", **GATES_COMPRESSED)
+        assert len(fails) == 1 and (parity.FEW_LABELLED in fails[0]) == phrased
+    probe = {"topk_agreement": 1.0, "top_k": 10, "worst_cosine": 1.0, "labelled_images": 8, "probe_drop": 0.25}
+    assert parity.gate_failures(probe, "compressed", **GATES_COMPRESSED) == [
+        f"probe_drop 0.250 > 0.03 (8 {parity.FEW_LABELLED} 0.125)"]
+    one_in_34 = {"topk_agreement": 1.0, "top_k": 10, "worst_cosine": 1.0, "labelled_images": 34, "knn_drop": 1 / 34}
+    assert parity.gate_failures(one_in_34, "compressed", **GATES_COMPRESSED) == []
 
 
 def test_no_reference_probe_without_two_classes_or_an_image_to_hold_out():

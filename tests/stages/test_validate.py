@@ -265,6 +265,30 @@ def test_tampered_artifact_fails_naming_artifact_and_metric(exported_run, tmp_pa
     assert not report["passed"] and not report["rows"][0]["passed"] and report["rows"][0]["failures"]
 
 
+def _compressed_row(artifact: str, metrics: dict, cfg: ValidateConfig) -> dict:
+    full = {"topk_agreement": 1.0, "top_k": 10, "worst_cosine": 1.0, **metrics}
+    return {"artifact": artifact, "runtime": "reference", "precision": "compressed",
+            "failures": parity.gate_failures(full, "compressed", **cfg.gates())}
+
+
+def test_a_drop_failed_on_too_few_labelled_images_says_so_once_with_both_ways_out():
+    """Two compressed files fail a drop on 8 labelled val images: the message names both, then says once that
+    one image exceeds the bounds at this n, how many resolve them, and what to do; a drop failed on enough images
+    gets only the compression advice."""
+    cfg = load_config(ValidateConfig, None, {})
+    few = [_compressed_row(f"encoder.{c}.mlpackage", {"labelled_images": 8, "knn_drop": 0.125}, cfg)
+           for c in ("palettize-4", "prune-50")]
+    msg = validate.failure_message(few, cfg, 8)
+    assert msg.count("knn_drop 0.125 > 0.03") == 2 and msg.count(validate.few_labelled_why(cfg, 8)) == 1
+    assert "need 34 or more" in msg and "--val-fraction" in msg and "--compressed-max-knn-drop 1" in msg
+    assert msg.endswith(validate.COMPRESSED_WHY)
+    looser = load_config(ValidateConfig, None, {"compressed_max_knn_drop": 0.2, "compressed_max_probe_drop": 0.1})
+    assert "need 10 or more" in validate.few_labelled_why(looser, 8)  # the stricter of the two bounds sets n
+    enough = [_compressed_row("encoder.palettize-4.mlpackage", {"labelled_images": 200, "knn_drop": 0.1}, cfg)]
+    msg = validate.failure_message(enough, cfg, 200)
+    assert "labelled val images" not in msg and msg.endswith(validate.COMPRESSED_WHY)
+
+
 def test_an_op_the_evaluator_lacks_fails_that_artifact_by_name_and_the_rest_is_still_measured(exported_run, tmp_path):
     src = exported_run / rundir.EXPORT / "encoder.mlpackage"
     bad = _tamper_mlpackage(src, tmp_path / "bad.mlpackage", "unsupported_op")
