@@ -148,13 +148,14 @@ def probe_metrics(reference: dict, out_train, train_labels, out_val, val_labels)
     """The artifact's own probe (fitted on its train features with the reference's C) against the fp32 encoder's:
     probe_drop > 0 when the artifact's classifier answers worse, read on labelled_images val images."""
     top1 = probe_top1(out_train, train_labels, out_val, val_labels, reference["c"])
-    return {"labelled_images": len(val_labels), "probe_c": reference["c"], "probe_top1_ref": reference["top1"], "probe_top1": top1,
-            "probe_drop": reference["top1"] - top1}
+    return {"labelled_images": len(val_labels), "probe_c": reference["c"], "probe_top1_ref": reference["top1"],
+            "probe_top1": top1, "probe_drop": reference["top1"] - top1}
 
 
 def use_metrics(ref, out, labels, k: int) -> dict:
     """Leave-one-out kNN top-1 within the labelled val images, fp32 encoder against artifact, the drop (positive:
-    the artifact answers worse) and how many images it was read on. Empty without labels. The probe is probe_metrics: it needs train rows."""
+    the artifact answers worse) and how many images it was read on. Empty without labels. The probe is
+    probe_metrics: it needs train rows."""
     if labels is None or len(labels) < 2:
         return {}
     kr, ka = knn_top1(ref, labels, k), knn_top1(out, labels, k)
