@@ -5,8 +5,9 @@ The pipeline compiles the online backbone's forward (train/training.build_traini
 MoCo v3 (train.heads.frozen_copy, made before that) runs eager, so one loss's two branches compute with different
 kernels. MoCo v3 compiled fell below eager's kNN on the mobile nets (docs/benchmarks.md, "torch.compile inside the
 CUDA graphs") while a 20-step check did not single it out (benchmarks/results/h100-effb0-graph-check/): a full run
-with both branches compiled, beside eager, says whether that split is why. As the recipe grid's interpreter, on a
-CUDA machine from the repository's root:
+with both branches compiled, beside eager, says whether that split is why (measured on two mobile nets, it did not
+single it out either: benchmarks/results/h100-knn-momentum-compiled/). As the recipe grid's interpreter, on a CUDA
+machine from the repository's root:
 
     PYTHON="python3 benchmarks/momentum_compiled.py" BACKBONE="efficientnet_b0 mobilenet_v3_large" \
       DATASETS=textures METHODS=mocov3 VARIANTS="compiled-both:--compile --cuda-graphs on" JOBS=8 \
