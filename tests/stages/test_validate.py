@@ -266,6 +266,7 @@ def test_tampered_artifact_fails_naming_artifact_and_metric(exported_run, tmp_pa
 
 
 def _compressed_row(artifact: str, metrics: dict, cfg: ValidateConfig) -> dict:
+    """A failed compressed row as validate makes it: the gates' own phrases for these metrics (others passing)."""
     full = {"topk_agreement": 1.0, "top_k": 10, "worst_cosine": 1.0, **metrics}
     return {"artifact": artifact, "runtime": "reference", "precision": "compressed",
             "failures": parity.gate_failures(full, "compressed", **cfg.gates())}
@@ -273,15 +274,20 @@ def _compressed_row(artifact: str, metrics: dict, cfg: ValidateConfig) -> dict:
 
 def test_a_drop_failed_on_too_few_labelled_images_says_so_once_with_both_ways_out():
     """Two compressed files fail a drop on 8 labelled val images: the message names both, then says once that
-    one image exceeds the bounds at this n, how many resolve them, and what to do; a drop failed on enough images
-    gets only the compression advice."""
+    one image exceeds the bounds at this n, how many resolve them, and what to do, and does not call the
+    compression too strong, which one image does not show; a file that fails another gate as well gets that advice
+    too; a drop failed on enough images gets only the compression advice."""
     cfg = load_config(ValidateConfig, None, {})
     few = [_compressed_row(f"encoder.{c}.mlpackage", {"labelled_images": 8, "knn_drop": 0.125}, cfg)
            for c in ("palettize-4", "prune-50")]
     msg = validate.failure_message(few, cfg, 8)
     assert msg.count("knn_drop 0.125 > 0.03") == 2 and msg.count(validate.few_labelled_why(cfg, 8)) == 1
     assert "need 34 or more" in msg and "--val-fraction" in msg and "--compressed-max-knn-drop 1" in msg
-    assert msg.endswith(validate.COMPRESSED_WHY)
+    assert msg.endswith(validate.few_labelled_why(cfg, 8)) and validate.COMPRESSED_WHY not in msg
+    far = _compressed_row("encoder.prune-50.mlpackage", {"labelled_images": 8, "knn_drop": 0.125,
+                                                         "worst_cosine": 0.5}, cfg)
+    msg = validate.failure_message([few[0], far], cfg, 8)
+    assert msg.count(validate.few_labelled_why(cfg, 8)) == 1 and msg.endswith(validate.COMPRESSED_WHY)
     looser = load_config(ValidateConfig, None, {"compressed_max_knn_drop": 0.2, "compressed_max_probe_drop": 0.1})
     assert "need 10 or more" in validate.few_labelled_why(looser, 8)  # the stricter of the two bounds sets n
     enough = [_compressed_row("encoder.palettize-4.mlpackage", {"labelled_images": 200, "knn_drop": 0.1}, cfg)]
