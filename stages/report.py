@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from export.formats import minimum_os
+from export.parity import labelled_needed
 from export.targets import ipados
 from core import rundir
 from core.rundir import FEATURES, LINEAR_EVAL, PARITY, SIDECAR
@@ -514,17 +515,24 @@ def compression_picture(p: dict) -> str:
     lines = [[r["artifact"], r.get("compression", "fp16"), f"{r['size_bytes'] / 1e6:.2f}", _fmt(r.get("topk_agreement"), ".3f"),
               _fmt(r.get("knn_top1"), ".3f"), _fmt(r.get("knn_drop"), "+.3f"), _fmt(r.get("probe_top1"), ".3f"),
               _fmt(r.get("probe_drop"), "+.3f")] for r in rows]
+    n = max((r.get("labelled_images") or 0 for r in rows), default=0)  # 0: a parity.json from before it was kept
+    bounds = [b for b in (g.get("compressed_max_knn_drop"), g.get("compressed_max_probe_drop")) if b is not None]
+    needed = max(filter(None, map(labelled_needed, bounds)), default=None)
+    coarse = (f" On {n} images one image that changes its answer moves a drop by {1 / n:.3f}, past the bounds, "
+              f"which need {needed} images or more to tell one image from a loss (docs/export.md)."
+              if n and needed and n < needed else "")
     return "\n".join([
         "<h3>Compressed weights: size against answers</h3>",
         str(img(compression_tradeoff(points), "artifact size against retrieval agreement and kNN / probe top-1 drop")),
         table(["artifact", "compression", "MB", f"top-{k} agree", "kNN top-1", "kNN drop", "probe top-1", "probe drop"],
               lines, "num"),
-        f"<p class=note>Against the fp32 encoder on the labelled val images: top-{k} neighbour agreement, "
-        f"leave-one-out kNN top-1 and a linear probe fitted on the fp32 features and fed each artifact's. "
+        f"<p class=note>Against the fp32 encoder on the {f'{n} ' if n else ''}labelled val images: top-{k} neighbour "
+        f"agreement, leave-one-out kNN top-1, and the val top-1 of each model's own linear probe (fitted on its "
+        f"features of the train images, as an app fits its classifier on the model it ships). "
         f"Compressed artifacts pass with agreement ≥ {g.get('compressed_min_topk')}, drops ≤ "
         f"{g.get('compressed_max_knn_drop')} (kNN) and {g.get('compressed_max_probe_drop')} (probe), worst cosine ≥ "
-        f"{g.get('compressed_min_cosine')} (red lines: the first two). Pick the smallest file whose answers you can "
-        f"live with.</p>"])
+        f"{g.get('compressed_min_cosine')} (red lines: the first two).{coarse} Pick the smallest file whose answers "
+        f"you can live with.</p>"])
 
 
 def worst_images(run: Run, p: dict) -> str:

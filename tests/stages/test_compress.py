@@ -163,6 +163,12 @@ def test_compressed_artifacts_are_gated_on_use(compressed_run, tmp_path, monkeyp
 
     html = report.compression_picture(result)
     assert "<img" in html and all(f in html for f in files)
+    assert "on the 8 labelled val images" in html and "each model's own linear probe" in html
+    assert "tell one image from a loss" not in html  # this run's drop bounds (1.0) resolve one image in 8
+    shipped = {**result, "config": {**result["config"], "compressed_max_knn_drop": 0.03,
+                                    "compressed_max_probe_drop": 0.03}}
+    assert "one image that changes its answer moves a drop by 0.125, past the bounds, which need 34 images or more" \
+        in report.compression_picture(shipped)
     fp16_only = {**result, "rows": [{**r, "precision": "fp16"} for r in result["rows"]]}
     assert report.compression_picture(fp16_only) == ""  # no compressed artifact, no picture
 
