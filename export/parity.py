@@ -92,11 +92,11 @@ def _topk_failure(metrics: dict, bound: float) -> str:
 FEW_LABELLED = "labelled val images, each alone moving it by"  # gate_failures' phrase; validate explains it once
 
 
-def labelled_needed(bound: float) -> int | None:
-    """The fewest labelled val images on which one image changing its answer stays within a drop bound (34 for
-    0.03): a drop is a count of images over n, so on fewer the gate cannot tell one image from a real loss. None
-    for a bound of 0, which asks that no image change at any n."""
-    return math.ceil(1 / bound - 1e-9) if bound > 0 else None
+def labelled_needed(*bounds: float | None) -> int | None:
+    """The fewest labelled val images on which one image changing its answer stays within every drop bound given
+    (34 for 0.03): a drop is a count of images over n, so on fewer the gate cannot tell one image from a real loss.
+    A bound of 0 (no image may change, at any n) or None asks for none; None when none does."""
+    return max((math.ceil(1 / b - 1e-9) for b in bounds if b is not None and b > 0), default=None)
 
 
 def _drop_failure(metrics: dict, key: str, bound: float) -> str:

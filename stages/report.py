@@ -516,8 +516,7 @@ def compression_picture(p: dict) -> str:
               _fmt(r.get("knn_top1"), ".3f"), _fmt(r.get("knn_drop"), "+.3f"), _fmt(r.get("probe_top1"), ".3f"),
               _fmt(r.get("probe_drop"), "+.3f")] for r in rows]
     n = max((r.get("labelled_images") or 0 for r in rows), default=0)  # 0: a parity.json from before it was kept
-    bounds = [b for b in (g.get("compressed_max_knn_drop"), g.get("compressed_max_probe_drop")) if b is not None]
-    needed = max(filter(None, map(labelled_needed, bounds)), default=None)
+    needed = labelled_needed(g.get("compressed_max_knn_drop"), g.get("compressed_max_probe_drop"))
     coarse = (f" On {n} images one image that changes its answer moves a drop by {1 / n:.3f}, past the bounds, "
               f"which need {needed} images or more to tell one image from a loss (docs/export.md)."
               if n and needed and n < needed else "")

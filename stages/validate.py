@@ -43,8 +43,7 @@ COMPRESSED_WHY = ("a compressed file that fails moves this encoder's embeddings 
 def few_labelled_why(cfg: ValidateConfig, n_val: int) -> str:
     """Why a drop gate failed on a single image, and the two ways out: more labelled val images, or the drops
     left to the other gates."""
-    needed = max(filter(None, map(parity.labelled_needed,
-                                  (cfg.compressed_max_knn_drop, cfg.compressed_max_probe_drop))))
+    needed = parity.labelled_needed(cfg.compressed_max_knn_drop, cfg.compressed_max_probe_drop)
     return (f"on {n_val} labelled val images one image that changes its answer exceeds the drop bounds, which need "
             f"{needed} or more: hold out more (pretrain --val-fraction, or more photos per folder), or judge the "
             f"file by its top-k and cosine gates alone (--compressed-max-knn-drop 1 --compressed-max-probe-drop 1)")

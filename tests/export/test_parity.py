@@ -344,9 +344,11 @@ def test_each_models_own_probe_sees_an_artifact_lose_class_information(noise, fa
 
 def test_a_drop_bound_needs_the_images_that_resolve_it():
     """A drop is a count of images over n: 0.03 is resolved by 34 images (1/34 <= 0.03 < 1/33), 0.05 by exactly
-    20, and a bound of 0 by none (no image may change, at any n)."""
+    20, and a bound of 0 by none (no image may change, at any n); several bounds by the count of the strictest."""
     assert [parity.labelled_needed(b) for b in (0.03, 0.05, 0.1, 0.5, 1.0, 0.0)] == [34, 20, 10, 2, 1, None]
     assert 1 / 34 <= 0.03 < 1 / 33
+    assert parity.labelled_needed(0.2, 0.03) == 34 and parity.labelled_needed(0.0, 0.1, None) == 10  # the strictest
+    assert parity.labelled_needed() is None
 
 
 GATES_COMPRESSED = dict(GATES, compressed_min_topk=0.8, compressed_max_knn_drop=0.03, compressed_max_probe_drop=0.03,
