@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from export.formats import minimum_os
-from export.parity import labelled_needed
 from export.targets import ipados
 from core import rundir
 from core.rundir import FEATURES, LINEAR_EVAL, PARITY, SIDECAR
@@ -501,6 +500,7 @@ def parity(run: Run) -> str:
 def compression_picture(p: dict) -> str:
     """Size against retrieval agreement and kNN/probe drop, per artifact, when any artifact is compressed: the
     picture to choose the smallest model that keeps the answers from."""
+    from export.parity import labelled_needed  # numpy: not at import, which `pipeline --help` does
     from stages.report_figures import compression_tradeoff
 
     rows = [r for r in p["rows"] if r.get("size_bytes") and not r["runtime"].startswith("coreml ")]
