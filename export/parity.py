@@ -99,12 +99,18 @@ def labelled_needed(*bounds: float | None) -> int | None:
     return max((math.ceil(1 / b - 1e-9) for b in bounds if b is not None and b > 0), default=None)
 
 
+def too_few_labelled(n: int | None, *bounds: float | None) -> int | None:
+    """labelled_needed(*bounds) when n labelled images (None or 0: not known) are fewer than that; else None."""
+    needed = labelled_needed(*bounds)
+    return needed if n and needed and n < needed else None
+
+
 def _drop_failure(metrics: dict, key: str, bound: float) -> str:
     """The failed drop gate's phrase, saying how many images the drop was read on when one of them alone exceeds
     the bound."""
     phrase = f"{key} {metrics[key]:.3f} > {bound:g}"
-    n, needed = metrics.get("labelled_images"), labelled_needed(bound)
-    return phrase + (f" ({n} {FEW_LABELLED} {1 / n:.3f})" if n and needed and n < needed else "")
+    n = metrics.get("labelled_images")
+    return phrase + (f" ({n} {FEW_LABELLED} {1 / n:.3f})" if too_few_labelled(n, bound) else "")
 
 
 def knn_top1(feats, labels, k: int) -> float | None:

@@ -500,7 +500,7 @@ def parity(run: Run) -> str:
 def compression_picture(p: dict) -> str:
     """Size against retrieval agreement and kNN/probe drop, per artifact, when any artifact is compressed: the
     picture to choose the smallest model that keeps the answers from."""
-    from export.parity import labelled_needed  # numpy: not at import, which `pipeline --help` does
+    from export.parity import too_few_labelled  # numpy: not at import, which `pipeline --help` does
     from stages.report_figures import compression_tradeoff
 
     rows = [r for r in p["rows"] if r.get("size_bytes") and not r["runtime"].startswith("coreml ")]
@@ -516,10 +516,10 @@ def compression_picture(p: dict) -> str:
               _fmt(r.get("knn_top1"), ".3f"), _fmt(r.get("knn_drop"), "+.3f"), _fmt(r.get("probe_top1"), ".3f"),
               _fmt(r.get("probe_drop"), "+.3f")] for r in rows]
     n = max((r.get("labelled_images") or 0 for r in rows), default=0)  # 0: a parity.json from before it was kept
-    needed = labelled_needed(g.get("compressed_max_knn_drop"), g.get("compressed_max_probe_drop"))
+    needed = too_few_labelled(n, g.get("compressed_max_knn_drop"), g.get("compressed_max_probe_drop"))
     coarse = (f" On {n} images one image that changes its answer moves a drop by {1 / n:.3f}, past the bounds, "
               f"which need {needed} images or more to tell one image from a loss (docs/export.md)."
-              if n and needed and n < needed else "")
+              if needed else "")
     return "\n".join([
         "<h3>Compressed weights: size against answers</h3>",
         str(img(compression_tradeoff(points), "artifact size against retrieval agreement and kNN / probe top-1 drop")),
