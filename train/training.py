@@ -385,8 +385,13 @@ class StopRequest:
         self.received = self.received or signum
 
     def __exit__(self, *exc) -> None:
+        # A torchrun worker that a signal stopped keeps ignoring them until it exits: torchrun's agent passes the
+        # signal on, and on a loaded machine that copy can come after the checkpoint is written, where Python's
+        # own handler would raise KeyboardInterrupt into the exit (a traceback in place of rank 0's one line). The
+        # process has nothing left to do but exit 130. Anywhere else the caller's handlers come back.
+        keep_ignoring = self.received and distributed.launched()
         for s, handler in self._previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if keep_ignoring else handler)
 
     def agreed(self) -> int:
         """The signal that stops training now, or 0: the same answer on every rank (one tiny all-reduce per step),

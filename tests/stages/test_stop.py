@@ -2,6 +2,7 @@
 and exits 130 saying where --resume goes on; the resumed run equals one never interrupted, weight for weight. A
 --resume of a finished run says so and changes nothing."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -167,7 +168,9 @@ def test_a_resume_of_a_run_cut_by_max_steps_names_the_way_on(tmp_path):
 def test_ctrl_c_under_gpus_2_stops_both_processes_with_one_line(tmp_path):
     """`pipeline pretrain --gpus 2` (two CPU processes over gloo under torchrun's agent): a Ctrl-C reaches the
     launcher and both workers; the workers agree on a step, rank 0 writes it, and the launcher exits 130 once they
-    are done, with rank 0's line alone (no torchrun warning or traceback)."""
+    are done, with rank 0's line alone (no torchrun warning or traceback). torchrun's agent passes the signal on
+    to the workers as well, and on a loaded machine that copy can come after the checkpoint is written: SIGINTs sent
+    to the workers from then until they exit stand for it, and change nothing."""
     run = tmp_path / "run"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in LONG.items()]
     proc = subprocess.Popen([sys.executable, "-m", "pipeline", "pretrain", *flags, "--gpus", "2", "--out", str(run)],
@@ -177,7 +180,17 @@ def test_ctrl_c_under_gpus_2_stops_both_processes_with_one_line(tmp_path):
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.02)
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers
     os.killpg(proc.pid, signal.SIGINT)
+    while not (run / rundir.LAST_CHECKPOINT).exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.005)
+    while proc.poll() is None and time.monotonic() < deadline:  # the agent's late copies
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGINT)
+        time.sleep(0.01)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out + err
     ckpt = _weights(run)
