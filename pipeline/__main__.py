@@ -1,5 +1,5 @@
 """`python -m pipeline` (what torchrun launches) is the same CLI as the `pipeline` script."""
 
-from pipeline.cli import main
+from pipeline.cli import entry
 
-main()
+entry()

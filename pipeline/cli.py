@@ -94,6 +94,18 @@ class Pipeline(click.Group):
             return super().invoke(ctx)
 
 
+# True in a process that `entry` started, which ends with its command; False where `main` is called in a process
+# that goes on (click's CliRunner, a notebook). A stopped pretrain holds later signals off only in the first kind.
+ENDS_WITH_COMMAND = False
+
+
+def entry() -> None:
+    """The `pipeline` script and `python -m pipeline` (each torchrun worker too)."""
+    global ENDS_WITH_COMMAND
+    ENDS_WITH_COMMAND = True
+    main()
+
+
 @click.group(cls=Pipeline, context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """Self-supervised image encoders, from a folder of images to a Core ML / ONNX model with proved parity."""
@@ -133,6 +145,9 @@ def _pretrain_command():
             args += (["--config", config_file] if config_file else []) + (["--resume"] if resume else [])
             args += ["--overwrite"] if overwrite else []
             sys.exit(distributed.launch(gpus, args, cfg.device))
+        from train.training import StopRequest
+
+        StopRequest.process_exits_after = ENDS_WITH_COMMAND
         result = stage.run(cfg, run_dir, resume=resume, overwrite=overwrite, say=click.echo)
         if result.get("stopped"):
             if distributed.env_rank() == 0:

@@ -371,6 +371,12 @@ class StopRequest:
     Ctrl-C that reaches the whole process group does not kill them under the batch being loaded."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    # Set by a face whose process exits once training returns (`pipeline pretrain` from the command line, each
+    # torchrun worker included): a stopped run then keeps ignoring signals until the process has exited, since one
+    # more Ctrl-C after the checkpoint (an impatient user's; torchrun's agent passes each signal on to its workers,
+    # late on a loaded machine) would raise KeyboardInterrupt into the exit: a traceback in place of the one line.
+    # Elsewhere (a library call, click's CliRunner, a test) the caller's handlers come back.
+    process_exits_after = False
 
     def __init__(self):
         self.received = 0  # the first signal's number
@@ -385,11 +391,7 @@ class StopRequest:
         self.received = self.received or signum
 
     def __exit__(self, *exc) -> None:
-        # A torchrun worker that a signal stopped keeps ignoring them until it exits: torchrun's agent passes the
-        # signal on, and on a loaded machine that copy can come after the checkpoint is written, where Python's
-        # own handler would raise KeyboardInterrupt into the exit (a traceback in place of rank 0's one line). The
-        # process has nothing left to do but exit 130. Anywhere else the caller's handlers come back.
-        keep_ignoring = self.received and distributed.launched()
+        keep_ignoring = self.received and self.process_exits_after
         for s, handler in self._previous.items():
             signal.signal(s, signal.SIG_IGN if keep_ignoring else handler)
 

@@ -47,7 +47,8 @@ def test_a_signal_to_a_real_pretrain_writes_the_step_reached_and_resume_equals_u
         tmp_path, uninterrupted, sig, count, workers):
     """A real `pipeline pretrain` process, signalled as a terminal's Ctrl-C (or the job service's SIGTERM) signals
     it: its whole process group, DataLoader workers included. Several SIGINTs in a row, as an impatient user
-    sends them: those after the first land during the stop and its checkpoint write and must change nothing."""
+    sends them: those after the first land during the stop and its checkpoint write, and those sent from the
+    written checkpoint until the process exits land during its exit; none may change anything."""
     run = tmp_path / "run"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**LONG, "num_workers": workers}.items()]
     env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}  # one thread, as the reference (conftest):
@@ -61,6 +62,13 @@ def test_a_signal_to_a_real_pretrain_writes_the_step_reached_and_resume_equals_u
     for _ in range(count):
         os.killpg(proc.pid, sig)
         time.sleep(0.05)
+    while not (run / rundir.LAST_CHECKPOINT).exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.005)
+    while proc.poll() is None and time.monotonic() < deadline:  # still pressing while it exits
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        time.sleep(0.01)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out + err
     step = _weights(run)["step"]
@@ -137,9 +145,16 @@ def test_signals_during_the_checkpoint_write_change_nothing(tmp_path, uninterrup
     _same_weights(tmp_path / "run", uninterrupted)
 
 
-def test_the_signal_handlers_are_put_back(tmp_path):
+def test_the_signal_handlers_are_put_back(tmp_path, monkeypatch):
+    """In a process that goes on after training (this one), finished or stopped: only a process that ends with
+    the command (tested above, through `python -m pipeline`) keeps ignoring signals after a stop."""
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     pretrain_tiny(tmp_path / "run", max_steps=1)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    _signal_during_step(monkeypatch, at=1)
+    res = CliRunner().invoke(main, ["pretrain", "--out", str(tmp_path / "stopped"),
+                                    *[f"--{k.replace('_', '-')}={v}" for k, v in LONG.items()]])
+    assert res.exit_code == 130 and "stopped by SIGINT at step 2" in res.output, res.output
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
