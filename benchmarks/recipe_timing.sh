@@ -40,12 +40,11 @@ for r in $(seq 1 "$REPEATS"); do
     $PY -m pipeline pretrain --method "$m" --data "folder:$DATA/$DATASET/train" --image-size "$IMAGE_SIZE" \
       --epochs "$EPOCHS" --batch-size "$BATCH" --device "$DEVICE" --seed 0 --out "$run" > "$log" 2>&1
     t1=$(date +%s%N)
-    steps=$(sed -n 's|^done: step \([0-9]*\)/.*|\1|p' "$log")
-    # Where the wall time went, from the run's metrics.jsonl (benchmarks/timing_split.py): the steps' time, the
-    # first window's share of it, the steady img/s; wall - train_s is start-up (the graph capture in it, and the
-    # compiling where the run compiles), data loading and the checkpoint.
-    split=$($PY benchmarks/timing_split.py split "$run/metrics.jsonl" "$BATCH") || split='"train_s": null'
-    echo "{\"method\": \"$m\", \"repeat\": $r, \"wall_s\": $(( (t1 - t0) / 1000000 ))e-3, \"steps\": ${steps:-0}, $split}" \
+    # Where the wall time went, from the run's metrics.jsonl (benchmarks/timing_split.py): its step count, the
+    # steps' time, the first window's share of it, the steady img/s; wall - train_s is start-up (the graph capture
+    # in it, and the compiling where the run compiles), data loading and the checkpoint.
+    split=$($PY benchmarks/timing_split.py split "$run/metrics.jsonl" "$BATCH") || split='"steps": 0, "train_s": null'
+    echo "{\"method\": \"$m\", \"repeat\": $r, \"wall_s\": $(( (t1 - t0) / 1000000 ))e-3, $split}" \
       | tee -a "$OUT/timing.jsonl"
     cp "$run/metrics.jsonl" "$OUT/logs/$m-$r.metrics.jsonl" 2>/dev/null || true
     rm -rf "$run/checkpoints"  # 100-400 MB a run, and only the time is wanted

@@ -13,16 +13,18 @@ import sys
 
 
 def split(rows: list[dict], batch: int) -> dict:
-    """train_s: the steps' time, each window's steps x batch / its img/s; first_s: the first window's; img_s: the
-    median of the later windows' img/s (the first holds the views' capture and warm-up). Rows without img_s (pretrain
-    writes none, but such a line would carry no time) are skipped."""
+    """steps: the last step any line records (the run's own count, not a log line's wording); train_s: the steps'
+    time, each window's steps x batch / its img/s; first_s: the first window's; img_s: the median of the later
+    windows' img/s (the first holds the views' capture and warm-up). Rows without img_s (pretrain writes none, but
+    such a line would carry no time) are left out of the time."""
+    steps = max((r["step"] for r in rows if "step" in r), default=0)
     rows = [r for r in rows if "img_s" in r]
     last, secs = 0, []
     for row in rows:
         secs.append((row["step"] - last) * batch / row["img_s"])
         last = row["step"]
     later = [r["img_s"] for r in rows[1:]] or [0.0]
-    return {"train_s": round(sum(secs), 3), "first_s": round(secs[0] if secs else 0.0, 3),
+    return {"steps": steps, "train_s": round(sum(secs), 3), "first_s": round(secs[0] if secs else 0.0, 3),
             "img_s": round(statistics.median(later), 1)}
 
 
