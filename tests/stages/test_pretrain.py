@@ -119,7 +119,7 @@ def test_the_knn_monitor_of_an_fp64_run_reads_a_float32_copy(tmp_path):
     """Evaluation is fp32 only (train/features.py refuses other weights): the monitor gets a float32 copy, and the
     weights that train stay float64."""
     monitored = tmp_path / "monitored"
-    pretrain_tiny(monitored, method="simclr", precision="fp64", epochs=1, knn_every=1)
+    pretrain_tiny(monitored, method="simclr", precision="fp64", epochs=1, knn_every=1, data="synthetic:24")  # 2 steps
     knn = [json.loads(line) for line in (monitored / rundir.METRICS).read_text().splitlines() if "knn_top1" in line]
     assert len(knn) == 1 and 0 <= knn[0]["knn_top1"] <= 1
     ckpt = torch.load(monitored / rundir.LAST_CHECKPOINT, weights_only=False)["model"]
