@@ -180,6 +180,19 @@ def test_a_resume_of_a_run_cut_by_max_steps_names_the_way_on(tmp_path):
     assert "`--resume --max-steps 0` trains on through every epoch" in res.output
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`: from /proc where there is one (no procps needed), else pgrep."""
+    if not Path("/proc/self/stat").exists():
+        found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in found.split()]
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:  # "pid (name) state ppid ..."
+                kids.append(int(stat.parent.name))
+    return kids
+
+
 def test_ctrl_c_under_gpus_2_stops_both_processes_with_one_line(tmp_path):
     """`pipeline pretrain --gpus 2` (two CPU processes over gloo under torchrun's agent): a Ctrl-C reaches the
     launcher and both workers; the workers agree on a step, rank 0 writes it, and the launcher exits 130 once they
@@ -195,7 +208,7 @@ def test_ctrl_c_under_gpus_2_stops_both_processes_with_one_line(tmp_path):
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.02)
-    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    workers = _children(proc.pid)
     assert len(workers) == 2, workers
     os.killpg(proc.pid, signal.SIGINT)
     while not (run / rundir.LAST_CHECKPOINT).exists():
@@ -204,7 +217,7 @@ def test_ctrl_c_under_gpus_2_stops_both_processes_with_one_line(tmp_path):
     while proc.poll() is None and time.monotonic() < deadline:  # the agent's late copies
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGINT)
+                os.kill(pid, signal.SIGINT)
         time.sleep(0.01)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out + err
