@@ -7,10 +7,14 @@ init of the same seeds, with the pretraining wall times.
 
     python benchmarks/recipe_summary.py --pairs eager compiled FILE.jsonl [FILE.jsonl ...]
 
+    python benchmarks/recipe_summary.py --groups eager,auto compiled FILE.jsonl [FILE.jsonl ...]
+
 --pairs compares two variants of the same cells, seed by seed (the second minus the first): per backbone, dataset
 and method, then per method over every backbone and dataset in the files given, as mean ± std with the paired t
 (mean / (std / sqrt(n))), the evidence docs/benchmarks.md asks of a compile default (train/backbones.py's
-compile_methods).
+compile_methods). --groups compares every seed of one group of variants with every seed of another, unpaired, per
+backbone, dataset and method, with Welch's t: for seeds one side ran and the other did not (a comma joins variants
+that ran the same step under two labels, as `auto` is `eager` where a backbone's row compiles no such method).
 
 Reads OUT_DIR/results.jsonl (one line per kNN, written by benchmarks/recipe_knn.py) and OUT_DIR/wall.txt; a grid
 of several backbones gets one table per backbone (lines without a backbone tag are ResNet-18's). Per cell:
@@ -139,18 +143,47 @@ def pairs(rows: list[dict], first: str, second: str) -> list[str]:
     return lines
 
 
+def groups(rows: list[dict], first: str, second: str) -> list[str]:
+    """Every seed of the variants in `second` against every seed of those in `first` (each a comma-separated list),
+    per backbone, dataset and method that ran both: each side's mean ± std over its seeds, their difference and
+    Welch's t. A cell in several files counts once."""
+    sides = first.split(","), second.split(",")
+    got: dict[tuple, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    for r in rows:
+        for i, variants in enumerate(sides):
+            if "failed" not in r and r.get("variant") in variants:
+                got[cell(r)[:3]][i][f"{r['seed']}/{r['variant']}"] = r["knn_top1"]
+    lines = [f"kNN top-1 %, {second} against {first}, every seed of each (unpaired)"]
+    for (backbone, ds, method), by_side in sorted(got.items()):
+        if len(by_side) < 2:
+            continue
+        a, b = list(by_side[0].values()), list(by_side[1].values())
+        each = "; ".join(f"{name} {spread(xs)} over {len(xs)}" for name, xs in ((first, a), (second, b)))
+        diff = statistics.mean(b) - statistics.mean(a)
+        var = sum(statistics.variance(xs) / len(xs) for xs in (a, b) if len(xs) > 1)
+        t = f", Welch t {diff / math.sqrt(var):.2f}" if min(len(a), len(b)) > 1 and var > 0 else ""
+        lines.append(f"  {backbone} {ds} {method}: {each}; difference {diff:+.1f}{t}")
+    return lines
+
+
+def _rows_of(files: list[str]) -> list[dict]:
+    rows = []
+    for f in map(Path, files):  # results.jsonl files, whichever folders and names they were kept under
+        if not f.is_file():
+            raise SystemExit(f"error: no results file {f}")
+        rows += read_rows(f)
+    return rows
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--finished":  # one cell a line, tab-separated
         print("\n".join("\t".join(c) for c in sorted(finished(read_rows(Path(sys.argv[2]) / "results.jsonl")))))
-    elif len(sys.argv) >= 5 and sys.argv[1] == "--pairs":
-        rows = []
-        for f in map(Path, sys.argv[4:]):  # results.jsonl files, whichever folders and names they were kept under
-            if not f.is_file():
-                raise SystemExit(f"error: no results file {f}")
-            rows += read_rows(f)
-        print("\n".join(pairs(rows, sys.argv[2], sys.argv[3])))
+    elif len(sys.argv) >= 5 and sys.argv[1] in ("--pairs", "--groups"):
+        compare = pairs if sys.argv[1] == "--pairs" else groups
+        print("\n".join(compare(_rows_of(sys.argv[4:]), sys.argv[2], sys.argv[3])))
     elif len(sys.argv) == 2:
         print(summarize(Path(sys.argv[1])))
     else:
         raise SystemExit("usage: python benchmarks/recipe_summary.py [--finished] OUT_DIR\n"
-                         "       python benchmarks/recipe_summary.py --pairs VARIANT_A VARIANT_B FILE.jsonl...")
+                         "       python benchmarks/recipe_summary.py --pairs|--groups VARIANT_A VARIANT_B "
+                         "FILE.jsonl...")

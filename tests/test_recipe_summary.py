@@ -1,4 +1,5 @@
-"""benchmarks/recipe_summary.py --pairs: the seed-by-seed comparison of two variants a compile default rests on."""
+"""benchmarks/recipe_summary.py --pairs and --groups: the comparisons of two variants a compile default rests on
+(seed by seed, and every seed of each side unpaired)."""
 import importlib.util
 import json
 import subprocess
@@ -47,3 +48,22 @@ def test_pairs_names_a_missing_file_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recipe_summary.py"), "--pairs", "eager",
                            "compiled", str(tmp_path / "none.jsonl")], capture_output=True, text=True)
     assert done.returncode == 1 and done.stderr == f"error: no results file {tmp_path / 'none.jsonl'}\n"
+
+
+def test_groups_compare_every_seed_of_each_side_unpaired_with_welch_t():
+    lines = recipe_summary.groups(ROWS, "eager", "compiled")
+    assert lines[1] == ("  b1 textures m: eager 81.0 ± 1.0 [80.0, 82.0] over 3; compiled 80.5 ± 3.5 [78.0, 83.0] "
+                        "over 2; difference -0.5, Welch t -0.19")  # -0.5 / sqrt(1/3 + 12.5/2); the failed run left out
+    assert lines[2] == ("  b2 textures m: eager 70.0 [70.0, 70.0] over 1; compiled 64.0 [64.0, 64.0] over 1; "
+                        "difference -6.0")  # one seed a side: no t
+    assert len(lines) == 3
+
+
+def test_groups_join_variants_with_a_comma_and_count_a_cell_in_two_files_once(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("\n".join(json.dumps(r) for r in ROWS) + "\n")
+    b.write_text("\n".join(json.dumps(r) for r in [ROWS[0], row("b1", "m", 3, "auto", 85.0)]) + "\n")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recipe_summary.py"), "--groups", "eager,auto",
+                           "compiled", str(a), str(b)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1].startswith("  b1 textures m: eager,auto 82.0 ± 2.2 [80.0, 85.0] over 4; ")
