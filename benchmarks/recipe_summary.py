@@ -149,9 +149,9 @@ def groups(rows: list[dict], first: str, second: str) -> list[str]:
     Welch's t. A cell in several files counts once."""
     sides = first.split(","), second.split(",")
     got: dict[tuple, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-    for r in rows:
+    for r in (r for r in rows if "failed" not in r):
         for i, variants in enumerate(sides):
-            if "failed" not in r and r.get("variant") in variants:
+            if r.get("variant") in variants:
                 got[cell(r)[:3]][i][f"{r['seed']}/{r['variant']}"] = r["knn_top1"]
     lines = [f"kNN top-1 %, {second} against {first}, every seed of each (unpaired)"]
     for (backbone, ds, method), by_side in sorted(got.items()):
@@ -159,9 +159,9 @@ def groups(rows: list[dict], first: str, second: str) -> list[str]:
             continue
         a, b = list(by_side[0].values()), list(by_side[1].values())
         each = "; ".join(f"{name} {spread(xs)} over {len(xs)}" for name, xs in ((first, a), (second, b)))
-        diff = statistics.mean(b) - statistics.mean(a)
-        var = sum(statistics.variance(xs) / len(xs) for xs in (a, b) if len(xs) > 1)
-        t = f", Welch t {diff / math.sqrt(var):.2f}" if min(len(a), len(b)) > 1 and var > 0 else ""
+        diff, t = statistics.mean(b) - statistics.mean(a), ""
+        if min(len(a), len(b)) > 1 and (var := statistics.variance(a) / len(a) + statistics.variance(b) / len(b)):
+            t = f", Welch t {diff / math.sqrt(var):.2f}"
         lines.append(f"  {backbone} {ds} {method}: {each}; difference {diff:+.1f}{t}")
     return lines
 

@@ -95,7 +95,9 @@ class Pipeline(click.Group):
 
 
 # True in a process that `entry` started, which ends with its command; False where `main` is called in a process
-# that goes on (click's CliRunner, a notebook). A stopped pretrain holds later signals off only in the first kind.
+# that goes on (click's CliRunner, a notebook). A stopped pretrain holds later signals off only in the first kind:
+# the pretrain command hands this to train.training.StopRequest, which `entry` cannot set itself without loading
+# torch for every command (`--help` included).
 ENDS_WITH_COMMAND = False
 
 

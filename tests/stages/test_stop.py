@@ -62,13 +62,7 @@ def test_a_signal_to_a_real_pretrain_writes_the_step_reached_and_resume_equals_u
     for _ in range(count):
         os.killpg(proc.pid, sig)
         time.sleep(0.05)
-    while not (run / rundir.LAST_CHECKPOINT).exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.005)
-    while proc.poll() is None and time.monotonic() < deadline:  # still pressing while it exits
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        time.sleep(0.01)
+    _signal_until_exit(proc, run, deadline, sig)  # still pressing while it exits
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out + err
     step = _weights(run)["step"]
@@ -80,6 +74,19 @@ def test_a_signal_to_a_real_pretrain_writes_the_step_reached_and_resume_equals_u
 
     pretrain_tiny(run, resume=True)  # the bare --resume the line names
     _same_weights(run, uninterrupted)
+
+
+def _signal_until_exit(proc: subprocess.Popen, run: Path, deadline: float, sig: int, pids=()) -> None:
+    """Once `run`'s last.pt is written, `sig` every 10 ms until `proc` exits: to `pids`, or to proc's whole process
+    group (os.kill of a negative pid) without them. Signals that land while a stopped run exits."""
+    while not (run / rundir.LAST_CHECKPOINT).exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.005)
+    while proc.poll() is None and time.monotonic() < deadline:
+        for pid in pids or [-proc.pid]:
+            with contextlib.suppress(ProcessLookupError):  # one that has exited already
+                os.kill(pid, sig)
+        time.sleep(0.01)
 
 
 def _signal_during_step(monkeypatch, at: int, signals=(signal.SIGINT,)) -> None:
@@ -211,14 +218,7 @@ def test_ctrl_c_under_gpus_2_stops_both_processes_with_one_line(tmp_path):
     workers = _children(proc.pid)
     assert len(workers) == 2, workers
     os.killpg(proc.pid, signal.SIGINT)
-    while not (run / rundir.LAST_CHECKPOINT).exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.005)
-    while proc.poll() is None and time.monotonic() < deadline:  # the agent's late copies
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGINT)
-        time.sleep(0.01)
+    _signal_until_exit(proc, run, deadline, signal.SIGINT, workers)  # the agent's late copies
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out + err
     ckpt = _weights(run)
