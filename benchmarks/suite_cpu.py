@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PYTEST = ["-m", "pytest", "-n", "2", "--dist", "worksteal", "-p", "no:cacheprovider"]  # make test's (its -q from pyproject)
+# make test's pytest (its -q comes from pyproject.toml), writing no .pytest_cache
+PYTEST = ["-m", "pytest", "-n", "2", "--dist", "worksteal", "-p", "no:cacheprovider"]
 
 HOOK = """
 import atexit, json, os, resource, sys
@@ -34,7 +35,7 @@ def _record():
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     line = {"argv": getattr(sys, "orig_argv", sys.argv)[1:6], "cpu": me.ru_utime + me.ru_stime,
             "children_cpu": kids.ru_utime + kids.ru_stime, "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
-            "worker": os.environ.get("PYTEST_XDIST_WORKER", ""), "pid": os.getpid(), "ppid": os.getppid()}
+            "pid": os.getpid(), "ppid": os.getppid()}
     with open(os.environ["SUITE_CPU_LOG"], "a") as f:  # one short write per process: lines stay whole
         f.write(json.dumps(line) + "\\n")
 

@@ -10,21 +10,20 @@ suite_cpu = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(suite_cpu)
 
 
-def _line(pid, ppid, cpu, children_cpu=0.0, test="", worker="", argv=("-m", "pipeline", "strip")):
-    return {"argv": list(argv), "cpu": cpu, "children_cpu": children_cpu, "test": test, "worker": worker, "pid": pid,
-            "ppid": ppid}
+def _line(pid, ppid, cpu, children_cpu=0.0, test="", argv=("-m", "pipeline", "strip")):
+    return {"argv": list(argv), "cpu": cpu, "children_cpu": children_cpu, "test": test, "pid": pid, "ppid": ppid}
 
 
 def test_summary_splits_workers_started_processes_and_what_no_line_holds():
     lines = [
-        _line(11, 10, 20.0, test="tests/a.py::test_chain (call)", worker="gw0"),
-        _line(12, 11, 5.0, test="tests/a.py::test_chain (call)", worker="gw0"),  # a grandchild: the same test
-        _line(13, 10, 3.0, worker="gw0", argv=("-m", "torch.distributed.run")),  # env copied at import: no test
-        _line(21, 20, 7.0, test="tests/b.py::test_one (setup)", worker="gw1"),
-        _line(10, 1, 100.0, children_cpu=40.0, worker="gw0", argv=("-u", "-c", "exec")),  # the workers last
-        _line(20, 1, 50.0, children_cpu=7.0, worker="gw1", argv=("-u", "-c", "exec")),
+        _line(11, 10, 20.0, test="tests/a.py::test_chain (call)"),
+        _line(12, 11, 5.0, test="tests/a.py::test_chain (call)"),  # a grandchild: the same test
+        _line(13, 10, 3.0, argv=("-m", "torch.distributed.run")),  # env copied at import: no test
+        _line(21, 20, 7.0, test="tests/b.py::test_one (setup)"),
+        _line(10, 1, 100.0, children_cpu=40.0, argv=("-u", "-c", "exec")),  # the workers last
+        _line(20, 1, 50.0, children_cpu=7.0, argv=("-u", "-c", "exec")),
         _line(1, 0, 4.0, children_cpu=210.0, argv=("-m", "pytest", "-n", "2")),
-        _line(30, 12, 9.0, worker="gw0", argv=("-m", "pytest")),  # a pytest a test starts is not the run's
+        _line(30, 12, 9.0, argv=("-m", "pytest")),  # a pytest a test starts is not the run's
     ]
     out = suite_cpu.summarise(lines, root_pid=1).splitlines()
     assert out[0] == "CPU of the whole run: 214.0 s"
@@ -32,8 +31,10 @@ def test_summary_splits_workers_started_processes_and_what_no_line_holds():
     assert out[2] == "  in 5 Python processes the tests started: 44.0 s (21%)"
     assert out[3] == "  in pytest's own process (collection, scheduling): 4.0 s"
     assert out[4] == "  in no line (processes killed by a signal, non-Python ones, exits after the lines): 16.0 s"
-    assert out[7:] == ["    25.0    2  tests/a.py::test_chain", "     9.0    1  (test not known) -m pytest",
-                       "     7.0    1  tests/b.py::test_one", "     3.0    1  (test not known) -m torch.distributed.run"]
+    assert out[7:] == ["    25.0    2  tests/a.py::test_chain",
+                       "     9.0    1  (test not known) -m pytest",
+                       "     7.0    1  tests/b.py::test_one",
+                       "     3.0    1  (test not known) -m torch.distributed.run"]
 
 
 def test_a_real_run_puts_a_started_process_under_its_test_and_keeps_pytests_exit_code(tmp_path):
