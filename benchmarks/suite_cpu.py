@@ -46,10 +46,13 @@ atexit.register(_record)
 def summarise(lines: list[dict], root_pid: int, top: int = 25) -> str:
     """The table: total CPU of the run (pytest's process, root_pid, and everything it reaped), the workers' own
     share, the started processes' share per test, and what no line accounts for."""
+    def is_worker(r: dict) -> bool:
+        """xdist's workers: pytest's own children, started for no test (under -n 0 the tests run in pytest's)."""
+        return r["ppid"] == root_pid and not r["test"]
+
     root = next(r for r in lines if r["pid"] == root_pid)
-    # xdist's workers: pytest's own children, started for no test (under -n 0 the tests run in pytest's process)
-    workers = [r for r in lines if r["ppid"] == root["pid"] and not r["test"]]
-    started = [r for r in lines if r is not root and r not in workers]
+    workers = [r for r in lines if is_worker(r)]
+    started = [r for r in lines if r["pid"] != root_pid and not is_worker(r)]
     total = root["cpu"] + root["children_cpu"]
     own = sum(r["cpu"] for r in workers)
     in_lines = sum(r["cpu"] for r in started)

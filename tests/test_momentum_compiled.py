@@ -2,7 +2,6 @@
 online one. Its patch must compile the copy's own forward (not a second handle on the online network's, which
 would make the momentum branch the online one), touch nothing for a method without a copy, and pass every other
 command the grid runs through unchanged."""
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -10,13 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.benchmark_scripts import load
 from tests.train.test_methods import _tiny_method
 from train.methods import byol, mocov3
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("momentum_compiled", ROOT / "benchmarks" / "momentum_compiled.py")
-momentum_compiled = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(momentum_compiled)
+momentum_compiled = load("momentum_compiled")
 
 
 @pytest.fixture

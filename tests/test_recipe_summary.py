@@ -1,15 +1,14 @@
 """benchmarks/recipe_summary.py --pairs and --groups: the comparisons of two variants a compile default rests on
 (seed by seed, and every seed of each side unpaired)."""
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.benchmark_scripts import load
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("recipe_summary", ROOT / "benchmarks" / "recipe_summary.py")
-recipe_summary = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(recipe_summary)
+recipe_summary = load("recipe_summary")
 
 
 def row(backbone, method, seed, variant, knn, **extra):

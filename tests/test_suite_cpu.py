@@ -1,13 +1,12 @@
 """benchmarks/suite_cpu.py: where a pytest run's CPU time goes, in its workers or in the processes its tests start."""
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.benchmark_scripts import load
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("suite_cpu", ROOT / "benchmarks" / "suite_cpu.py")
-suite_cpu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(suite_cpu)
+suite_cpu = load("suite_cpu")
 
 
 def _line(pid, ppid, cpu, children_cpu=0.0, test="", argv=("-m", "pipeline", "strip")):

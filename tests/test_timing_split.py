@@ -1,15 +1,14 @@
 """benchmarks/timing_split.py: the split of a pretraining run's wall time that recipe_timing.sh reports."""
-import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.benchmark_scripts import load
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("timing_split", ROOT / "benchmarks" / "timing_split.py")
-timing_split = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(timing_split)
+timing_split = load("timing_split")
 
 # Three windows of 10, 10 and 5 steps of batch 100: 2 s (capture in it), 1 s, 0.5 s; a loss line without img_s.
 ROWS = [{"step": 10, "img_s": 500.0}, {"step": 10, "loss": 3.0}, {"step": 20, "img_s": 1000.0},
