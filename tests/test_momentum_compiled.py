@@ -54,7 +54,7 @@ def test_a_method_without_a_copy_compiles_only_what_it_is_given(patched):
 
 def test_other_commands_pass_through():
     """`-m MODULE` and `SCRIPT` run as python runs them: their output and exit status are theirs."""
-    wrapper = [sys.executable, str(ROOT / "benchmarks" / "momentum_compiled.py")]
+    wrapper = [sys.executable, momentum_compiled.__file__]
     help_ = subprocess.run([*wrapper, "-m", "pipeline", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert help_.returncode == 0 and "pretrain" in help_.stdout
     missing = subprocess.run([*wrapper, "benchmarks/recipe_summary.py", "--pairs", "a", "b", "/nonexistent.jsonl"],

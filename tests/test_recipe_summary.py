@@ -3,11 +3,9 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.benchmark_scripts import load
 
-ROOT = Path(__file__).resolve().parents[1]
 recipe_summary = load("recipe_summary")
 
 
@@ -37,15 +35,15 @@ def test_pairs_reads_results_files_under_any_name(tmp_path):
     b.parent.mkdir()
     a.write_text("\n".join(json.dumps(r) for r in ROWS[:6]) + "\n")
     b.write_text("\n".join(json.dumps(r) for r in ROWS[6:]) + "\n{\"cut short\n")  # a line a kill cut short
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recipe_summary.py"), "--pairs", "eager",
-                           "compiled", str(a), str(b)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, recipe_summary.__file__, "--pairs", "eager", "compiled", str(a), str(b)],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "m, every backbone and set: -2.3 ± 3.5 over 3 pairs, paired t -1.15"
 
 
 def test_pairs_names_a_missing_file_in_one_line(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recipe_summary.py"), "--pairs", "eager",
-                           "compiled", str(tmp_path / "none.jsonl")], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, recipe_summary.__file__, "--pairs", "eager", "compiled",
+                           str(tmp_path / "none.jsonl")], capture_output=True, text=True)
     assert done.returncode == 1 and done.stderr == f"error: no results file {tmp_path / 'none.jsonl'}\n"
 
 
@@ -62,7 +60,7 @@ def test_groups_join_variants_with_a_comma_and_count_a_cell_in_two_files_once(tm
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text("\n".join(json.dumps(r) for r in ROWS) + "\n")
     b.write_text("\n".join(json.dumps(r) for r in [ROWS[0], row("b1", "m", 3, "auto", 85.0)]) + "\n")
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "recipe_summary.py"), "--groups", "eager,auto",
-                           "compiled", str(a), str(b)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, recipe_summary.__file__, "--groups", "eager,auto", "compiled", str(a),
+                           str(b)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1].startswith("  b1 textures m: eager,auto 82.0 ± 2.2 [80.0, 85.0] over 4; ")

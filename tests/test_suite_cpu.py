@@ -1,11 +1,9 @@
 """benchmarks/suite_cpu.py: where a pytest run's CPU time goes, in its workers or in the processes its tests start."""
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.benchmark_scripts import load
 
-ROOT = Path(__file__).resolve().parents[1]
 suite_cpu = load("suite_cpu")
 
 
@@ -44,13 +42,15 @@ def test_a_real_run_puts_a_started_process_under_its_test_and_keeps_pytests_exit
         "def test_fails():\n"
         "    assert False\n")
     # -n 0 after make test's -n 2: one process, so the started one is the test's and the tests run in pytest's own
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "suite_cpu.py"), str(tmp_path), "-n", "0",
-                           "-p", "no:randomly"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, suite_cpu.__file__, str(tmp_path), "-n", "0", "-p", "no:randomly"],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr  # pytest's: one test failed
     out = done.stdout.splitlines()
     assert "  in 1 Python processes the tests started:" in "\n".join(out)
     started = out[out.index("Started processes by test, the 25 largest (CPU s, processes):") + 1:]
     # the node id is relative to pytest's rootdir, which depends on what the folders above tmp_path hold
-    assert len(started) == 1 and started[0].split()[1] == "1"
-    assert started[0].split()[2].endswith("test_tiny.py::test_spawns")
-    assert float(started[0].split()[0]) > 0.05  # the child's sum, not a zero
+    assert len(started) == 1
+    cpu, processes, test = started[0].split()
+    assert processes == "1"
+    assert test.endswith("test_tiny.py::test_spawns")
+    assert float(cpu) > 0.05  # the child's sum, not a zero

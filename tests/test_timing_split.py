@@ -3,11 +3,9 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.benchmark_scripts import load
 
-ROOT = Path(__file__).resolve().parents[1]
 timing_split = load("timing_split")
 
 # Three windows of 10, 10 and 5 steps of batch 100: 2 s (capture in it), 1 s, 0.5 s; a loss line without img_s.
@@ -36,12 +34,12 @@ def test_table_gives_medians_per_method_in_the_order_they_ran():
 def test_split_from_the_command_line_is_one_json_objects_fields(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "timing_split.py"), "split", str(metrics), "100"],
+    out = subprocess.run([sys.executable, timing_split.__file__, "split", str(metrics), "100"],
                          capture_output=True, text=True, check=True).stdout
     assert json.loads("{" + out + "}") == {"steps": 25, "train_s": 3.5, "first_s": 2.0, "img_s": 1000.0}
 
 
 def test_an_unknown_verb_fails_with_one_line():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "timing_split.py"), "splt", "x.jsonl", "100"],
+    done = subprocess.run([sys.executable, timing_split.__file__, "splt", "x.jsonl", "100"],
                           capture_output=True, text=True)
     assert done.returncode != 0 and done.stderr.strip() == "timing_split: unknown verb 'splt': split or table"
