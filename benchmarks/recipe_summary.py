@@ -62,7 +62,7 @@ def finished(rows: list[dict]) -> set[tuple[str, ...]]:
 
 
 def summarize(out: Path) -> str:
-    rows = read_rows(out / "results.jsonl")
+    rows = read_rows(_results_in(out))
     lines = []
     wall = out / "wall.txt"
     if wall.is_file():
@@ -166,6 +166,14 @@ def groups(rows: list[dict], first: str, second: str) -> list[str]:
     return lines
 
 
+def _results_in(out: Path) -> Path:
+    """A grid folder's results.jsonl; one line, not a traceback, for a path that is not such a folder (a results
+    file itself belongs to --pairs or --groups)."""
+    if not (out / "results.jsonl").is_file():
+        raise SystemExit(f"error: {out} is not a grid folder (no results.jsonl in it)")
+    return out / "results.jsonl"
+
+
 def _rows_of(files: list[str]) -> list[dict]:
     rows = []
     for f in map(Path, files):  # results.jsonl files, whichever folders and names they were kept under
@@ -177,7 +185,7 @@ def _rows_of(files: list[str]) -> list[dict]:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--finished":  # one cell a line, tab-separated
-        print("\n".join("\t".join(c) for c in sorted(finished(read_rows(Path(sys.argv[2]) / "results.jsonl")))))
+        print("\n".join("\t".join(c) for c in sorted(finished(read_rows(_results_in(Path(sys.argv[2])))))))
     elif len(sys.argv) >= 5 and sys.argv[1] in ("--pairs", "--groups"):
         compare = pairs if sys.argv[1] == "--pairs" else groups
         print("\n".join(compare(_rows_of(sys.argv[4:]), sys.argv[2], sys.argv[3])))

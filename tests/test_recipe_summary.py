@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.benchmark_scripts import load
 
 recipe_summary = load("recipe_summary")
@@ -45,6 +47,17 @@ def test_pairs_names_a_missing_file_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, recipe_summary.__file__, "--pairs", "eager", "compiled",
                            str(tmp_path / "none.jsonl")], capture_output=True, text=True)
     assert done.returncode == 1 and done.stderr == f"error: no results file {tmp_path / 'none.jsonl'}\n"
+
+
+@pytest.mark.parametrize("mode", [[], ["--finished"]])
+def test_a_path_that_is_not_a_grid_folder_is_named_in_one_line(tmp_path, mode):
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps(ROWS[0]) + "\n")
+    run = [sys.executable, recipe_summary.__file__, *mode]
+    done = subprocess.run([*run, str(results)], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr == f"error: {results} is not a grid folder (no results.jsonl in it)\n"
+    done = subprocess.run([*run, str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "", done.stderr  # its folder is one
 
 
 def test_groups_compare_every_seed_of_each_side_unpaired_with_welch_t():
