@@ -1,5 +1,5 @@
 """benchmarks/recipe_summary.py --pairs and --groups: the comparisons of two variants a compile default rests on
-(seed by seed, and every seed of each side unpaired)."""
+(seed by seed, and every seed of each side unpaired); and the folder forms' one line for a path that is no grid's."""
 import json
 import subprocess
 import sys

@@ -124,7 +124,7 @@ class Backbone:
 # them until measured); ResNet-50 matched too, each method over 3 pairs (MoCo v3 -0.1 +- 1.6 points).
 # On the mobile nets SimCLR matched (9 pairs, -0.0 +- 0.8 points) and MoCo v3 did not show it (9 pairs, -2.9 +- 5.8);
 # BYOL matched on both MobileNets (6 pairs, +0.5 +- 1.4) and not on EfficientNet-B0 (3 pairs, -5.7 +- 6.2, where its
-# eager BYOL swings between seeds too).
+# eager BYOL swings between seeds too; with its momentum copy compiled as well, below eager on digits-sizes and photos).
 _RESNET18_GRID = ("simclr", "byol", "mocov3")
 _MOBILENET_GRID = ("simclr", "byol")
 
