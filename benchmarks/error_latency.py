@@ -3,8 +3,8 @@ per case, against the 1 s target (tests/pipeline/test_fast_errors.py checks the 
 that torch was never imported).
 
 Each run is a fresh interpreter, as a user's command is; the cases are made on disk in a temporary folder: every
-data error of `pipeline pretrain` (the data SPEC is checked before torch loads), each stage's missing input, and
-click's own usage errors.
+data error of `pipeline pretrain` (the data SPEC is checked before torch loads), a run folder that already holds a
+run and an image side the backbone cannot take, each stage's missing input, and click's own usage errors.
 
     .venv/bin/python benchmarks/error_latency.py          # 5 runs a case; ~1 min on 2 cores
     .venv/bin/python benchmarks/error_latency.py --runs 9
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.pipeline.test_fast_errors import data_cases  # noqa: E402  the same cases the test makes
+from tests.pipeline.test_fast_errors import data_cases, run_and_side_cases  # noqa: E402  the test's own cases
 
 TARGET_S = 1.0
 
@@ -36,6 +36,7 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     (tmp / "empty_run").mkdir()
     out = [(f"pretrain: {name}", ["pretrain", "--data", spec, "--out", str(tmp / "new")])
            for name, (spec, _) in data_cases(tmp).items()]
+    out += [(name, args) for name, (args, _) in run_and_side_cases(tmp).items()]
     out += [(f"{stage}: nothing pretrained", [stage, "--run", str(tmp / "empty_run")])
             for stage in ("linear-eval", "strip", "trace", "export", "validate", "show")]
     out += [("validate: nothing exported", ["validate", "--run", str(run)]),

@@ -126,6 +126,23 @@ def run_outputs(run_dir: Path | str) -> list[str]:
                     if (run_dir / name).exists()]
 
 
+def check_out(run_dir: Path | str, resume: bool, overwrite: bool) -> None:
+    """A folder that holds a run is trained into only when asked how: --resume goes on from its checkpoint (which
+    must be there), --overwrite deletes its files first (stages/pretrain.py, remove_run). Otherwise a new checkpoint
+    would replace the old one beside the old one's evaluation and export. Files only, no torch: the CLI asks before
+    torch loads."""
+    run_dir = Path(run_dir)
+    if resume and overwrite:
+        raise PipelineError("--resume and --overwrite exclude each other: --resume goes on training the run in --out, "
+                            "--overwrite deletes it and trains afresh")
+    if resume and not (run_dir / LAST_CHECKPOINT).is_file():
+        raise PipelineError(f"--resume: no checkpoint at {run_dir / LAST_CHECKPOINT}")
+    found = [] if resume or overwrite else run_outputs(run_dir)
+    if found:
+        raise PipelineError(f"{run_dir} already holds a run ({', '.join(found)}): add --resume to go on training it, "
+                            f"or --overwrite to delete it and train afresh (or give another --out)")
+
+
 def remove_run(run_dir: Path | str) -> None:
     """Delete the run's own files (RUN_ENTRIES; nothing else in the folder). Each is first renamed into one folder
     beside them, later stages first: a rename is atomic, so a removal that fails or is killed part way leaves an

@@ -115,6 +115,7 @@ def main():
 
 def _pretrain_command():
     from core.config import options_from
+    from train import backbones
     from train.configs import PretrainConfig
 
     @main.command("pretrain")
@@ -132,9 +133,15 @@ def _pretrain_command():
         """Self-supervised pretraining (SimCLR, BYOL or MoCo v3) into a run directory. Ctrl-C (or SIGTERM) stops
         after the step under way and writes checkpoints/last.pt there; --resume goes on from it."""
         run_dir = Path(out) if out else rundir.DEFAULT_RUN
-        spec = _pretrain_data(config_file, overrides, run_dir, resume)
-        if spec:
-            check_spec(spec)  # before torch loads and before the run folder exists
+        # Refused before torch loads, in a fraction of a second, as the data errors below: a folder that already
+        # holds a run, and a new run's image side its backbone cannot take. config_for_run checks them again.
+        rundir.check_out(run_dir, resume, overwrite)
+        asked = _pretrain_config(config_file, overrides, run_dir, resume)
+        if asked and not resume:  # a resume keeps its run's side; config_for_run names an option it may not change
+            small = backbones.uses_small_stem(asked.small_stem, asked.image_size)
+            backbones.check_image_size(asked.backbone, small, asked.image_size)
+        if asked and asked.data:
+            check_spec(asked.data)  # before torch loads and before the run folder exists
 
         from train import distributed, runspec
         from stages import pretrain as stage
@@ -157,9 +164,9 @@ def _pretrain_command():
             sys.exit(130)  # what a shell reports for Ctrl-C: a script sees that training did not finish
 
 
-def _pretrain_data(config_file, overrides: dict, run_dir: Path, resume: bool) -> str | None:
-    """The data SPEC pretraining will read, from the same flags and files as runspec.config_for_run; None when a
-    --resume has no config.yaml (config_for_run says what is missing)."""
+def _pretrain_config(config_file, overrides: dict, run_dir: Path, resume: bool):
+    """The PretrainConfig as asked, from the same flags and files as runspec.config_for_run but not yet resolved
+    (no torch); None when a --resume has no config.yaml (config_for_run says what is missing)."""
     from core.config import load_config
     from train.configs import PretrainConfig
 
@@ -168,7 +175,7 @@ def _pretrain_data(config_file, overrides: dict, run_dir: Path, resume: bool) ->
         if not saved.is_file():
             return None
         config_file = saved
-    return load_config(PretrainConfig, config_file, overrides).data
+    return load_config(PretrainConfig, config_file, overrides)
 
 
 GPUS_HELP = ("run N processes, one per GPU, through torchrun (what `torchrun --nproc-per-node N -m pipeline ...` "
@@ -180,7 +187,8 @@ _pretrain_command()
 
 def _bench_command():
     from core.config import options_from
-    from train.configs import BenchConfig
+    from train import backbones
+    from train.configs import BenchConfig, PretrainConfig
 
     @main.command("bench")
     @options_from(BenchConfig)
@@ -192,10 +200,15 @@ def _bench_command():
         import json
 
         from core.config import load_config
+
+        cfg = load_config(BenchConfig, None, overrides)
+        # before torch loads, as pretrain does; bench times the stem a run gets by default (stages/bench.py)
+        small = backbones.uses_small_stem(PretrainConfig.small_stem, cfg.image_size)
+        backbones.check_image_size(cfg.backbone, small, cfg.image_size)
+
         from stages import bench as stage
         from train import distributed
 
-        cfg = load_config(BenchConfig, None, overrides)
         if gpus is not None and gpus != 1 and not distributed.launched():
             sys.exit(distributed.launch(gpus, ["bench", *as_flags(overrides), *(["--json"] if as_json else [])], cfg.device))
         result = stage.run(cfg)
@@ -254,7 +267,8 @@ def missing_input(name: str, run_dir: Path) -> str | None:
 
 def recorded_data(run_dir: Path) -> str:
     """The data SPEC the run was trained on (its config.yaml), or "" before it has one."""
-    return _pretrain_data(None, {}, run_dir, resume=True) or ""
+    cfg = _pretrain_config(None, {}, run_dir, resume=True)
+    return cfg.data if cfg else ""
 
 
 def check_inputs(name: str, run_dir: Path, cfg) -> None:

@@ -3,7 +3,7 @@
 setup (config, data, split, model, optimizer) -> train (steps, logs, checkpoints) -> done. Writes into RUN_DIR:
 config.yaml, split.json, skipped.txt (if any), metrics.jsonl, checkpoints/last.pt (+ epoch_NNNN.pt every N epochs).
 A folder that holds a run is trained into only with --resume (go on from last.pt) or --overwrite (its files are
-deleted first: runspec.check_out, rundir.remove_run). SIGINT or SIGTERM stops training after the step under way,
+deleted first: rundir.check_out, rundir.remove_run). SIGINT or SIGTERM stops training after the step under way,
 writes last.pt at that step and returns, so `--resume` goes on exactly where it stopped (training.StopRequest).
 
 Several processes (torchrun, or `pipeline pretrain --gpus N`): batch_size is the global batch, each rank trains on
@@ -36,7 +36,7 @@ from train.configs import PretrainConfig
 from train.data import ImageData, load_data, make_split
 from train.data_spec import n_files, named
 from train.optim import load_optimizer
-from train.runspec import check_max_steps, check_out, chosen_recipe, peak_lr, seed_everything, small_stem, store_size_for, validate
+from train.runspec import check_max_steps, chosen_recipe, peak_lr, seed_everything, small_stem, store_size_for, validate
 from train.training import (StopRequest, Training, augment_mode, build_training, compile_note, default_workers, fp32_backbone, keep_on_device, rng_state, set_rng_state, train_step, view_batches)
 from core.views import MEAN, STD
 
@@ -319,7 +319,7 @@ def run(cfg: PretrainConfig, run_dir: Path, resume: bool = False, say=print, ove
     {"step", "loss", "model", "stopped"}: `stopped` is the line for a run a signal stopped (the CLI exits 130
     with it), "" otherwise; a --resume of a finished run says so and returns {"finished": line} untouched."""
     validate(cfg)
-    check_out(run_dir, resume, overwrite)
+    rundir.check_out(run_dir, resume, overwrite)
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the group is joined in setup
     if resume and (line := finished(cfg, run_dir, world)):
         if distributed.env_rank() == 0:

@@ -118,19 +118,6 @@ def fixed_on_resume() -> tuple[str, ...]:
     return tuple(dict.fromkeys([*FIXED_ON_RESUME, *(key for spec in METHODS.values() for key in spec.fixed_on_resume)]))
 
 
-def check_out(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """A folder that holds a run is trained into only when asked how: --resume goes on from its checkpoint,
-    --overwrite deletes its files first (stages/pretrain.py, rundir.remove_run). Otherwise a new checkpoint would
-    replace the old one beside the old one's evaluation and export."""
-    if resume and overwrite:
-        raise PipelineError("--resume and --overwrite exclude each other: --resume goes on training the run in --out, "
-                            "--overwrite deletes it and trains afresh")
-    found = [] if resume or overwrite else rundir.run_outputs(run_dir)
-    if found:
-        raise PipelineError(f"{run_dir} already holds a run ({', '.join(found)}): add --resume to go on training it, "
-                            f"or --overwrite to delete it and train afresh (or give another --out)")
-
-
 def check_max_steps(cfg: PretrainConfig, n_train: int) -> None:
     """--max-steps cuts a run short and never stretches it: the learning-rate schedule spans the epochs, so steps
     past them would train on at a rate already decayed to zero."""
@@ -145,11 +132,9 @@ def check_max_steps(cfg: PretrainConfig, n_train: int) -> None:
 def config_for_run(config_file, overrides: dict, run_dir: Path, resume: bool, overwrite: bool = False) -> PretrainConfig:
     """A resumed run starts from its own config.yaml; flags may still change e.g. max_steps or epochs, but not
     what would make the checkpoint meaningless."""
-    check_out(run_dir, resume, overwrite)
+    rundir.check_out(run_dir, resume, overwrite)
     saved = run_dir / rundir.CONFIG
     if resume:
-        if not (run_dir / rundir.LAST_CHECKPOINT).is_file():
-            raise PipelineError(f"--resume: no checkpoint at {run_dir / rundir.LAST_CHECKPOINT}")
         cfg = load_config(PretrainConfig, config_file or saved, overrides)
         old = load_config(PretrainConfig, saved)
         # A config.yaml written before an option existed trained with what the method's spec says (before_option),

@@ -92,6 +92,42 @@ def test_pretrain_data_errors_are_one_fast_line_before_torch_and_leave_no_folder
     assert not out.exists() and not (tmp_path / "runs").exists()
 
 
+def run_and_side_cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """name -> (arguments, what its one line must name), run from `tmp`: what needs neither torch nor the images.
+    A second `pipeline pretrain` into the same folder (`held`, made here), the two ways of going on from it, and
+    an image side the backbone cannot take, for pretrain and for bench. None may leave `new` behind."""
+    (tmp / "held" / "checkpoints").mkdir(parents=True)
+    (tmp / "held" / "checkpoints" / "last.pt").write_bytes(b"kept")
+    data, new = ["--data", "synthetic:64"], ["pretrain", "--out", "new"]
+    return {
+        "pretrain: holds a run": (["pretrain", "--out", "held", *data],
+                                  ["held already holds a run (checkpoints/last.pt)", "--resume", "--overwrite"]),
+        "pretrain: resume and overwrite": (["pretrain", "--out", "held", "--resume", "--overwrite", *data],
+                                           ["exclude each other"]),
+        "pretrain: resume, no checkpoint": ([*new, "--resume", *data],
+                                            ["--resume: no checkpoint at new/checkpoints/last.pt"]),
+        "pretrain: ViT side": ([*new, "--backbone", "vit_t_16", "--image-size", "30", *data],
+                               ["image size 30 is not a multiple of vit_t_16's patch 4 (small stem): use 28 or 32"]),
+        "pretrain: mobile net side": ([*new, "--backbone", "mobilenet_v3_small", "--image-size", "8", *data],
+                                      ["image size 8 is impossible for mobilenet_v3_small with the small stem: "
+                                       "use 16..1024"]),
+        "bench: ViT side": (["bench", "--backbone", "vit_s_16", "--image-size", "31"],
+                            ["not a multiple of vit_s_16's patch 4"]),
+        "bench: impossible side": (["bench", "--image-size", "7"], ["image size 7 is impossible for resnet18"]),
+    }
+
+
+RUN_AND_SIDE = ["pretrain: holds a run", "pretrain: resume and overwrite", "pretrain: resume, no checkpoint",
+                "pretrain: ViT side", "pretrain: mobile net side", "bench: ViT side", "bench: impossible side"]
+
+
+@pytest.mark.parametrize("case", RUN_AND_SIDE)
+def test_run_folder_and_image_side_errors_come_before_torch(tmp_path, case):
+    args, needles = run_and_side_cases(tmp_path)[case]
+    assert_fast_one_line(tmp_path, args, *needles)
+    assert not (tmp_path / "new").exists() and (tmp_path / "held" / "checkpoints" / "last.pt").read_bytes() == b"kept"
+
+
 def test_linear_eval_data_errors_come_before_torch(tmp_path):
     """--data of linear-eval, and the run's own recorded data gone since pretraining."""
     spec, needles = data_cases(tmp_path)["no images"]
