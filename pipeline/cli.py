@@ -434,7 +434,7 @@ def swift_fixtures(run, out, bank_per_class, max_bytes, check):
 
 @main.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on; loopback unless --allow-remote")
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--root", default="jobs", show_default=True, type=click.Path(file_okay=False),
               help="where jobs.db, the token file and one folder per job live (made private: mode 0700)")
 @click.option("--allow-remote", is_flag=True, help="bind a non-loopback --host (prints a warning)")

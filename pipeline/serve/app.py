@@ -597,7 +597,7 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
 
     import uvicorn
 
-    from pipeline.serve.limits import uvicorn_config
+    from pipeline.serve.limits import listening_socket, uvicorn_config
     from pipeline.serve.options import describe
 
     # Everything the server and its jobs write (the job table, uploads, runs, models) is its owner's alone on a
@@ -617,6 +617,7 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         raise PipelineError(f"another `pipeline serve` is using {root}: stop it or give another --root") from None
+    sock = listening_socket(host, port)  # before anything is announced: a port in use is one line
     try:
         described = describe()
     except RuntimeError as e:
@@ -639,4 +640,4 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
     else:
         say(f"jobs in {root}; token in {root / TOKEN_FILE} (mode 0600)")
         say(f"open http://{shown}:{port}/#token={load_or_create_token(root)}  (API description: /openapi.json)")
-    uvicorn.Server(uvicorn_config(app, host, port, limits)).run()
+    uvicorn.Server(uvicorn_config(app, host, port, limits)).run(sockets=[sock])

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from core.errors import PipelineError
 
 MIB = 1 << 20
 
@@ -86,6 +89,22 @@ def uvicorn_config(app, host: str, port: int, limits: Limits):
     return uvicorn.Config(app, host=host, port=port, http=protocol_class(limits), log_level="warning",
                           access_log=False, timeout_graceful_shutdown=3, limit_concurrency=limits.max_connections + 1,
                           timeout_keep_alive=limits.keep_alive_s, h11_max_incomplete_event_size=limits.max_header_bytes)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound here and handed to uvicorn rather than bound by it: uvicorn logs a bind error and
+    exits with status 3 after `pipeline serve` has printed the address to open. Bound first, an address in use (or
+    one this machine does not have) is one line and exit 2, with nothing announced. The family and SO_REUSEADDR
+    are uvicorn's own choices for a host and port."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise PipelineError(f"cannot listen on {host} port {port}: {e.strerror or e}; give another --port, or stop "
+                            "what is listening there") from None
+    return sock
 
 
 def used_bytes(root: Path) -> int:

@@ -83,6 +83,23 @@ def test_binding_beyond_loopback_needs_the_flag_and_one_root_has_one_server(tmp_
         assert_one_line_error(cli("serve", "--root", root), "another `pipeline serve`")
 
 
+def test_a_port_in_use_or_out_of_range_is_one_line_before_anything_is_announced(tmp_path):
+    """The server binds its socket itself before it prints the address to open (uvicorn, binding it, would log
+    its own error and exit 3 after that line); the token is not printed for a server that never listened."""
+    import socket
+
+    from tests.cli_helpers import assert_one_line_error, cli
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        res = cli("serve", "--port", port, "--root", tmp_path / "jobs")
+        assert_one_line_error(res, f"cannot listen on 127.0.0.1 port {port}", "give another --port")
+        assert "open http" not in res.output
+    assert_one_line_error(cli("serve", "--port", 99999, "--root", tmp_path / "jobs"), "--port", "1<=x<=65535")
+
+
 # --- options, validated by core/config.py against PretrainConfig's fields
 
 @pytest.mark.parametrize("fields, named", [
