@@ -195,14 +195,10 @@ def plan(cfg: BenchConfig, device: torch.device, world: int) -> Plan:
              windows=cfg.windows if cfg.windows is not None else (5 if gpu else 3),
              steps=cfg.window_steps if cfg.window_steps is not None else (20 if gpu else 1),
              store=store_size_for(like, cfg.image_size, cfg.store_size))
-    if p.batch < 2:
-        raise PipelineError(f"batch size must be at least 2, got {p.batch}")
     if p.batch % world:
         raise PipelineError(f"batch size {p.batch} does not split over {world} processes: use a multiple of {world}")
     if cfg.profile and device.type != "cuda":
         raise PipelineError(f"--profile records CUDA kernels: it needs --device cuda (this is {device.type})")
-    if min(p.warmup, p.windows - 1, p.steps - 1) < 0:
-        raise PipelineError("--warmup must be >= 0, --windows and --window-steps >= 1")
     return p
 
 

@@ -127,7 +127,8 @@ class BenchConfig:
     method: str = as_in(PretrainConfig, "method")
     backbone: str = as_in(PretrainConfig, "backbone")
     image_size: int = as_in(PretrainConfig, "image_size")
-    batch_size: int | None = opt(None, "global batch; None = 512 on a GPU, 8 on a CPU (finishes within a minute on 2 cores)")
+    batch_size: int | None = opt(None, "global batch; None = 512 on a GPU, 8 on a CPU (finishes within a minute on 2 cores)",
+                                 range=Range(2, 65_536))  # pretraining's own bounds: a contrastive batch needs 2
     store_size: int = opt(0, "side of the stored images; 0 = the crop side up to 64 px (CIFAR-like), 8/7 of it above (ImageNet-like)")
     device: str = as_in(PretrainConfig, "device")
     augment: str = as_in(PretrainConfig, "augment")
@@ -136,9 +137,9 @@ class BenchConfig:
     compile: bool = as_in(PretrainConfig, "compile")
     cuda_graphs: str = as_in(PretrainConfig, "cuda_graphs")
     precision: str = as_in(PretrainConfig, "precision")
-    warmup: int | None = opt(None, "untimed steps before each phase (cuDNN autotuning, allocator growth, worker start); None = 10 on a GPU, 1 on a CPU")
-    windows: int | None = opt(None, "timed windows per phase, median reported; None = 5 on a GPU, 3 on a CPU")
-    window_steps: int | None = opt(None, "steps per window; None = 20 on a GPU, 1 on a CPU")
+    warmup: int | None = opt(None, "untimed steps before each phase (cuDNN autotuning, allocator growth, worker start); None = 10 on a GPU, 1 on a CPU", range=Range(0))
+    windows: int | None = opt(None, "timed windows per phase, median reported; None = 5 on a GPU, 3 on a CPU", range=Range(1))
+    window_steps: int | None = opt(None, "steps per window; None = 20 on a GPU, 1 on a CPU", range=Range(1))
     seed: int = as_in(PretrainConfig, "seed")
     profile: str = opt("", "CUDA: also record one window of each phase with torch.profiler into this folder (Chrome traces) and report GPU-busy %, host ms per step and the top kernels: tells a host-bound step from a GPU-bound one")
     preprocess: str | None = opt(None, "instead of training, time each per-image preprocessing op (jitter, grayscale, blur, a training item's views) on this backend: torch, or coreml (macOS); batch x window-steps images per window", choices=("torch", "coreml"))

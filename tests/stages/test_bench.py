@@ -28,7 +28,9 @@ def test_bench_table_for_the_cpu_worker_recipe_and_bad_options():
     res = CliRunner().invoke(cli.main, ["bench", *TINY, "--augment", "cpu", "--num-workers", "0"])
     assert res.exit_code == 0, res.output
     assert "augment cpu" in res.output and "end-to-end" in res.output and "model-step ceiling" in res.output
-    for bad, msg in [(["--windows", "0"], "--windows"), (["--image-size", "4"], "image size 4 is impossible")]:
+    for bad, msg in [(["--windows", "0"], "--windows"), (["--window-steps", "0"], "--window-steps"),
+                     (["--warmup", "-1"], "--warmup"), (["--batch-size", "1"], "--batch-size"),
+                     (["--image-size", "4"], "image size 4 is impossible")]:
         res = CliRunner().invoke(cli.main, ["bench", *TINY, *bad])
         assert res.exit_code == 2 and msg in res.output and len(res.output.strip().splitlines()) == 1
 
