@@ -128,7 +128,7 @@ class BenchConfig:
     backbone: str = as_in(PretrainConfig, "backbone")
     image_size: int = as_in(PretrainConfig, "image_size")
     batch_size: int | None = opt(None, "global batch; None = 512 on a GPU, 8 on a CPU (finishes within a minute on 2 cores)",
-                                 range=Range(2, 65_536))  # pretraining's own bounds: a contrastive batch needs 2
+                                 range=PretrainConfig.__dataclass_fields__["batch_size"].metadata["range"])  # its bounds
     store_size: int = opt(0, "side of the stored images; 0 = the crop side up to 64 px (CIFAR-like), 8/7 of it above (ImageNet-like)")
     device: str = as_in(PretrainConfig, "device")
     augment: str = as_in(PretrainConfig, "augment")
