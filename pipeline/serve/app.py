@@ -609,6 +609,8 @@ def serve(host: str, port: int, root: Path, *, allow_remote: bool, allow_data: t
                                 "add --allow-remote to bind it anyway")
         say(f"warning: listening on {host}, reachable from other machines: every call but /health needs the token; "
             "put TLS in front of it (the token travels in clear over plain HTTP)")
+    if users_file:
+        read_users(users_file)  # a bad file is one line before anything is made or the machine's facts are read
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o700)

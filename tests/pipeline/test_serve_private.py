@@ -105,6 +105,16 @@ def test_a_bad_users_file_is_refused(tmp_path, described, text, mode, words):
         make_app(tmp_path / "root", described, users_file=users_file(tmp_path, text, mode))
 
 
+def test_pipeline_serve_refuses_a_bad_users_file_before_it_makes_its_root(tmp_path):
+    from tests.cli_helpers import assert_one_line_error, cli
+
+    root = tmp_path / "root"
+    assert_one_line_error(cli("serve", "--root", root, "--users", tmp_path / "none"), "users file", "not found")
+    bad = users_file(tmp_path, f"alice {TOKEN_A}\n", 0o644)
+    assert_one_line_error(cli("serve", "--root", root, "--users", bad), "readable by others")
+    assert not root.exists()
+
+
 def test_the_root_and_an_upload_are_the_owner_s_alone(tmp_path, described):
     root = tmp_path / "root"
     root.mkdir(mode=0o755)
