@@ -138,8 +138,7 @@ def _pretrain_command():
         rundir.check_out(run_dir, resume, overwrite)
         asked = _pretrain_config(config_file, overrides, run_dir, resume)
         if asked and not resume:  # a resume keeps its run's side; config_for_run names an option it may not change
-            small = backbones.uses_small_stem(asked.small_stem, asked.image_size)
-            backbones.check_image_size(asked.backbone, small, asked.image_size)
+            backbones.check_run_side(asked.backbone, asked.small_stem, asked.image_size)
         if asked and asked.data:
             check_spec(asked.data)  # before torch loads and before the run folder exists
 
@@ -203,8 +202,7 @@ def _bench_command():
 
         cfg = load_config(BenchConfig, None, overrides)
         # before torch loads, as pretrain does; bench times the stem a run gets by default (stages/bench.py)
-        small = backbones.uses_small_stem(PretrainConfig.small_stem, cfg.image_size)
-        backbones.check_image_size(cfg.backbone, small, cfg.image_size)
+        backbones.check_run_side(cfg.backbone, PretrainConfig.small_stem, cfg.image_size)
 
         from stages import bench as stage
         from train import distributed

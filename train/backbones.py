@@ -193,6 +193,12 @@ def check_image_size(name: str, small: bool, image_size: int) -> None:
                             f"{image_size // lo * lo or lo} or {(image_size // lo + 1) * lo}")
 
 
+def check_run_side(name: str, small_stem: str, image_size: int) -> None:
+    """check_image_size for a run's options as asked: --small-stem (auto|on|off) resolved against the side first.
+    Torch-free, so the CLI and the job service refuse a side before torch loads, as pretraining's validate does."""
+    check_image_size(name, uses_small_stem(small_stem, image_size), image_size)
+
+
 def backbone_args(name: str, small_stem: bool, image_size: int | None = None) -> dict:
     """The builder's arguments for a run's stem choice and image side (what encoder.pt records). A ViT's patch and
     position embedding depend on the side, so it needs one; the convnets pool globally and take any side."""

@@ -52,7 +52,7 @@ def resolve(cfg: PretrainConfig) -> PretrainConfig:
 
 def validate(cfg: PretrainConfig) -> None:
     check_ranges(cfg)  # each option's own bounds, declared on it (train/configs.py); what follows spans options
-    backbones.check_image_size(cfg.backbone, small_stem(cfg), cfg.image_size)
+    backbones.check_run_side(cfg.backbone, cfg.small_stem, cfg.image_size)
     if cfg.store_size and cfg.store_size < cfg.image_size:
         raise PipelineError(f"store_size {cfg.store_size} is smaller than image_size {cfg.image_size}")
     for other in METHODS.values():
@@ -92,8 +92,8 @@ def seed_everything(seed: int) -> None:
 
 
 def small_stem(cfg: PretrainConfig) -> bool:
-    """Whether the run's backbone has the small stem: --small-stem auto|on|off against the image size, decided here
-    and nowhere else."""
+    """Whether the run's backbone has the small stem: --small-stem auto|on|off against the image size, by the one
+    rule in train/backbones.uses_small_stem."""
     return backbones.uses_small_stem(cfg.small_stem, cfg.image_size)
 
 

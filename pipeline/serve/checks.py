@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import PipelineError
-from train.backbones import check_image_size, uses_small_stem
+from train.backbones import check_run_side
 from train.data_spec import folder_files, split_counts
 
 # scikit-learn's bundled digits per class (1797 scans), and CIFAR's own split: fixed facts of published sets, checked
@@ -136,7 +136,7 @@ def check_options(cfg, described: dict) -> None:
     """What train/runspec.py's validate checks across options, with the same torch-free backbone rules and the
     methods' own options as the pipeline describes them."""
     try:
-        check_image_size(cfg.backbone, uses_small_stem(cfg.small_stem, cfg.image_size), cfg.image_size)
+        check_run_side(cfg.backbone, cfg.small_stem, cfg.image_size)
     except PipelineError as e:
         raise Refused(f"`image_size`: {e}") from None
     if cfg.store_size and cfg.store_size < cfg.image_size:
